@@ -1,0 +1,75 @@
+// Package evt holds the types both Go sides share: an event on its way to connections, and the
+// read scope that decides who may see it. The scope is computed once, in SQL, by buzz.accept_event
+// (columns scope / scope_p / channel_id of buzz.events) and travels with the event, so the relay's
+// live gate and the SQL gate of REQ/COUNT judge from the same facts.
+package evt
+
+import "github.com/nbd-wtf/go-nostr"
+
+// ScopeKind is the read gate class of an event (PROTOCOL.md, "Read gates").
+type ScopeKind byte
+
+const (
+	ScopePublic  ScopeKind = '*' // everyone
+	ScopeAuthor  ScopeKind = 'a' // only the event's author (commands 41010-41012, 30300, gated deletions)
+	ScopeP       ScopeKind = 'p' // only the pubkey in Scope.P (30622 viewer, 1059 recipient)
+	ScopeChannel ScopeKind = 'c' // only members of Scope.Channel (events with an h tag naming a DM)
+)
+
+// Scope says who may read an event.
+type Scope struct {
+	Kind    ScopeKind
+	P       string // hex pubkey for ScopeP
+	Channel string // channel uuid for ScopeChannel
+}
+
+// MemberFunc reports whether pubkey is a member of channel. DM participant sets never change, so
+// implementations may cache positive and negative answers for existing channels forever.
+type MemberFunc func(channel, pubkey string) bool
+
+// Readable reports whether a connection authenticated as any of authed may read an event with
+// this scope and author.
+func (s Scope) Readable(author string, authed []string, isMember MemberFunc) bool {
+	switch s.Kind {
+	case ScopePublic, 0:
+		return true
+	case ScopeAuthor:
+		return contains(authed, author)
+	case ScopeP:
+		return contains(authed, s.P)
+	case ScopeChannel:
+		for _, a := range authed {
+			if isMember(s.Channel, a) {
+				return true
+			}
+		}
+		return false
+	}
+	return false
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Delivery is one event on its way to live subscriptions, from whatever source (logical
+// replication of buzz.events inserts, a transactional logical message for ephemeral events, or a
+// reminder due signal).
+type Delivery struct {
+	Event *nostr.Event
+	Scope Scope
+	// Due marks a NIP-ER due signal: match the filter ignoring since/until, de-duplicate per
+	// connection by (event id, Stamp) instead of per subscription by id.
+	Due   bool
+	Stamp int64
+}
+
+// Sink receives deliveries; the relay implements it.
+type Sink interface {
+	Deliver(d Delivery)
+}

@@ -1,0 +1,176 @@
+-- buzzpg core schema: the event store, channels/DMs, per-viewer visibility state and its outbox,
+-- reminders, and process bookkeeping. Functions live in later migrations, one file per area.
+--
+-- Lock order (every function follows it, so concurrent transactions cannot deadlock on each other
+-- except through retries Go performs on 40P01/40001):
+--   1. buzz.channels row (FOR SHARE / FOR UPDATE)
+--   2. buzz.members rows of that channel, ORDER BY pubkey FOR UPDATE
+--   3. buzz.visibility_state rows, by viewer
+--   4. buzz.visibility_outbox rows, by viewer
+-- Address (replaceable/addressable) writers additionally take a transaction advisory lock on the
+-- address before touching buzz.events.
+
+CREATE SCHEMA IF NOT EXISTS buzz;
+
+-- Roles that may call accept_event (it trusts its caller to have verified signatures).
+DO $$
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'buzz_relay') THEN
+    CREATE ROLE buzz_relay NOLOGIN;
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'buzz_operator') THEN
+    CREATE ROLE buzz_operator NOLOGIN;
+  END IF;
+END $$;
+
+-- Deployment-wide settings the SQL side needs (the relay key's pubkey, limits). Written by
+-- `buzzpg serve` at start; readable by operators.
+CREATE TABLE buzz.config (
+  key   text PRIMARY KEY,
+  value text NOT NULL
+);
+INSERT INTO buzz.config(key, value) VALUES
+  ('relay_pubkey', ''),                       -- hex pubkey of the relay key; set by serve
+  ('max_future_seconds', '900'),              -- created_at may be at most this far ahead of now
+  ('reminder_horizon_seconds', '31536000'),   -- not_before may be at most this far ahead (1 year)
+  ('snapshot_max_ahead_seconds', '10');       -- snapshot created_at at most this far ahead of db now
+
+-- Every stored event. Ephemeral events never land here.
+-- scope/scope_p/channel_id are the read gate (PROTOCOL.md "Read gates"), computed by accept_event:
+--   '*' everyone, 'a' author only, 'p' only scope_p, 'c' only members of channel_id.
+CREATE TABLE buzz.events (
+  id          text    PRIMARY KEY CHECK (id ~ '^[0-9a-f]{64}$'),
+  pubkey      text    NOT NULL CHECK (pubkey ~ '^[0-9a-f]{64}$'),
+  created_at  bigint  NOT NULL,
+  kind        integer NOT NULL CHECK (kind >= 0 AND kind <= 65535),
+  tags        jsonb   NOT NULL,
+  content     text    NOT NULL,
+  sig         text    NOT NULL,
+  received_at timestamptz NOT NULL DEFAULT now(),
+  d_tag       text,                -- addressable events' d value ('' when absent)
+  tagvals     text[]  NOT NULL DEFAULT '{}', -- 'x:value' for every single-letter tag, for #x filters
+  h           text,                -- first h tag value (channel id), for channel history scans
+  expires_at  bigint,              -- NIP-40 expiration (unix seconds) or NULL
+  scope       "char"  NOT NULL DEFAULT '*' CHECK (scope IN ('*','a','p','c')),
+  scope_p     text,
+  channel_id  uuid
+);
+-- pgoutput must send whole rows (we decode inserts only, but deletes need the key).
+ALTER TABLE buzz.events REPLICA IDENTITY DEFAULT;
+
+CREATE INDEX events_created_idx      ON buzz.events (created_at DESC, id);
+CREATE INDEX events_pubkey_idx       ON buzz.events (pubkey, created_at DESC, id);
+CREATE INDEX events_kind_idx         ON buzz.events (kind, created_at DESC, id);
+CREATE INDEX events_pubkey_kind_idx  ON buzz.events (pubkey, kind, created_at DESC, id);
+CREATE INDEX events_tagvals_idx      ON buzz.events USING gin (tagvals);
+CREATE INDEX events_h_idx            ON buzz.events (h, created_at DESC, id) WHERE h IS NOT NULL;
+CREATE INDEX events_expires_idx      ON buzz.events (expires_at) WHERE expires_at IS NOT NULL;
+-- One head per replaceable/addressable address: the backstop behind accept_event's address lock.
+CREATE UNIQUE INDEX events_replaceable_head ON buzz.events (pubkey, kind)
+  WHERE kind IN (0, 3) OR (kind >= 10000 AND kind < 20000);
+CREATE UNIQUE INDEX events_addressable_head ON buzz.events (kind, pubkey, d_tag)
+  WHERE kind >= 30000 AND kind < 40000;
+-- Snapshots (30622) are looked up by viewer across relay keys (key rotation).
+CREATE INDEX events_snapshot_viewer_idx ON buzz.events (d_tag, created_at DESC) WHERE kind = 30622;
+
+-- NIP-09 tombstones: a deleted id stays deleted when published again (by its author).
+CREATE TABLE buzz.deleted_ids (
+  id          text PRIMARY KEY,
+  pubkey      text NOT NULL,          -- author of the deletion request (only the author may delete)
+  deleted_by  text NOT NULL,          -- id of the kind 5 event
+  deleted_at  timestamptz NOT NULL DEFAULT now()
+);
+-- NIP-09 'a' deletions: versions of the address up to until_created_at are deleted.
+CREATE TABLE buzz.deleted_addresses (
+  kind             integer NOT NULL,
+  pubkey           text    NOT NULL,
+  d_tag            text    NOT NULL,
+  until_created_at bigint  NOT NULL,
+  PRIMARY KEY (kind, pubkey, d_tag)
+);
+
+-- Channels (participant_hash = sha256() of the concatenated sorted 32-byte keys). Every channel in this version is a DM whose participant set never changes; its
+-- identity is the SHA-256 of the sorted, de-duplicated 32-byte participant pubkeys.
+CREATE TABLE buzz.channels (
+  id               uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+  kind             text NOT NULL DEFAULT 'dm' CHECK (kind = 'dm'),
+  participant_hash bytea NOT NULL UNIQUE,
+  created_by       text NOT NULL,
+  created_event    text,
+  created_at       timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE buzz.members (
+  channel_id uuid NOT NULL REFERENCES buzz.channels(id) ON DELETE CASCADE,
+  pubkey     text NOT NULL CHECK (pubkey ~ '^[0-9a-f]{64}$'),
+  joined_at  timestamptz NOT NULL DEFAULT now(),
+  hidden_at  timestamptz,             -- NULL: visible to this member; set: hidden by this member
+  PRIMARY KEY (channel_id, pubkey)
+);
+CREATE INDEX members_pubkey_idx ON buzz.members (pubkey);
+CREATE INDEX members_hidden_idx ON buzz.members (pubkey, channel_id) WHERE hidden_at IS NOT NULL;
+
+-- Per-viewer visibility state: the truth. target > published means a snapshot is owed.
+CREATE TABLE buzz.visibility_state (
+  viewer               text   PRIMARY KEY CHECK (viewer ~ '^[0-9a-f]{64}$'),
+  target_generation    bigint NOT NULL DEFAULT 0,
+  published_generation bigint NOT NULL DEFAULT 0,
+  published_created_at bigint,          -- created_at of the published 30622 head
+  published_event      text,            -- id of the published 30622 head
+  changed_at           timestamptz NOT NULL DEFAULT now(),
+  published_at         timestamptz
+);
+CREATE INDEX visibility_pending_idx ON buzz.visibility_state (viewer)
+  WHERE target_generation > published_generation;
+
+-- The work queue: at most one row per viewer, upserted with the generation it must reach.
+-- Claimed with a lease (claim_id, lease_until); failures back off via available_at.
+CREATE TABLE buzz.visibility_outbox (
+  viewer       text PRIMARY KEY,
+  generation   bigint NOT NULL,
+  enqueued_at  timestamptz NOT NULL DEFAULT now(),
+  available_at timestamptz NOT NULL DEFAULT now(),
+  attempts     integer NOT NULL DEFAULT 0,
+  last_error   text,
+  claim_id     uuid,
+  lease_until  timestamptz
+);
+CREATE INDEX visibility_outbox_available_idx ON buzz.visibility_outbox (available_at);
+
+-- NIP-ER reminders: one row per reminder version (event id) that carries not_before.
+-- state: 'armed' (waiting for not_before), 'claimed' (a scheduler holds it under stamp until
+-- lease_until), 'confirmed' (due signal emitted), 'cancelled' (superseded, deleted or expired).
+CREATE SEQUENCE buzz.reminder_stamp_seq;
+CREATE TABLE buzz.reminders (
+  id            text   PRIMARY KEY,     -- the 30300 event id (one version)
+  pubkey        text   NOT NULL,
+  d_tag         text   NOT NULL,
+  created_at    bigint NOT NULL,
+  not_before    bigint NOT NULL,
+  expires_at    bigint,
+  state         text   NOT NULL DEFAULT 'armed'
+                CHECK (state IN ('armed','claimed','confirmed','cancelled')),
+  stamp         bigint,
+  claimed_at    timestamptz,
+  lease_until   timestamptz,
+  confirmed_at  timestamptz,
+  cancelled_at  timestamptz,
+  claims        integer NOT NULL DEFAULT 0,  -- how many times it was claimed
+  recoveries    integer NOT NULL DEFAULT 0,  -- how many expired leases were re-taken
+  rollbacks     integer NOT NULL DEFAULT 0
+);
+CREATE INDEX reminders_due_idx ON buzz.reminders (not_before) WHERE state = 'armed';
+CREATE INDEX reminders_lease_idx ON buzz.reminders (lease_until) WHERE state = 'claimed';
+CREATE INDEX reminders_address_idx ON buzz.reminders (pubkey, d_tag);
+
+-- Relay processes: heartbeat rows, used to drop replication slots of dead instances.
+CREATE TABLE buzz.instances (
+  instance_id  text PRIMARY KEY,
+  slot_name    text NOT NULL,
+  started_at   timestamptz NOT NULL DEFAULT now(),
+  heartbeat_at timestamptz NOT NULL DEFAULT now(),
+  listen_addr  text
+);
+
+-- The publication logical replication tails for fan-out.
+CREATE PUBLICATION buzz_events FOR TABLE buzz.events WITH (publish = 'insert');
