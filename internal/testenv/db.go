@@ -44,7 +44,9 @@ func RepoRoot() string {
 
 // OwnsServer reports whether the tests run against the private cluster started by scripts/pg.sh
 // (and may therefore restart it), rather than a server named by DATABASE_URL.
-func OwnsServer() bool { return os.Getenv("DATABASE_URL") == "" || os.Getenv("BUZZ_OWNS_SERVER") == "1" }
+func OwnsServer() bool {
+	return os.Getenv("DATABASE_URL") == "" || os.Getenv("BUZZ_OWNS_SERVER") == "1"
+}
 
 // ServerURL is the URL of the server tests use (any database on it).
 func ServerURL(t testing.TB) string {

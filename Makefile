@@ -1,0 +1,68 @@
+# buzzpg: `make run` serves a relay on ws://127.0.0.1:7777; `make test` runs every test.
+# Both start (or reuse) a private PostgreSQL cluster under .data/pg with wal_level=logical.
+# DATABASE_URL points them at an existing server instead.
+
+SHELL := /bin/bash
+GO ?= go
+# Verify signatures with libsecp256k1 (cgo) when its headers are installed; pure Go otherwise.
+SECP := $(shell test -f /usr/include/secp256k1.h && echo libsecp256k1)
+TAGS ?= $(SECP)
+TEST_TAGS ?= $(strip $(SECP) testhooks)
+BIN := bin/buzzpg
+TEST_BIN := bin/buzzpg-test
+LISTEN ?= 127.0.0.1:7777
+PRIVATE_URL = $(shell scripts/pg.sh url)
+DB_URL = $(if $(DATABASE_URL),$(DATABASE_URL),$(PRIVATE_URL))
+TEST_TIMEOUT ?= 14m
+FUZZTIME ?= 5s
+
+.PHONY: all build run test test-short fuzz bench chaos psql db-start db-stop clean deps vet
+
+all: build
+
+$(BIN) build:
+	$(GO) build -tags '$(TAGS)' -o $(BIN) ./cmd/buzzpg
+
+$(TEST_BIN): FORCE
+	$(GO) build -tags '$(TEST_TAGS)' -o $(TEST_BIN) ./cmd/buzzpg
+FORCE:
+
+db-start:
+	@if [ -z "$(DATABASE_URL)" ]; then scripts/pg.sh start; fi
+
+db-stop:
+	scripts/pg.sh stop
+
+psql: db-start
+	psql "$(DB_URL)"
+
+.data/relay.key: build
+	@mkdir -p .data
+	$(BIN) keygen --out .data/relay.key
+
+run: db-start build .data/relay.key
+	DATABASE_URL="$(DB_URL)" BUZZ_LISTEN="$${BUZZ_LISTEN:-$(LISTEN)}" \
+	  BUZZ_RELAY_KEY_FILE="$${BUZZ_RELAY_KEY_FILE:-.data/relay.key}" $(BIN) serve
+
+# Tests create their own databases (cloned from a migrated template) on the same server.
+test: db-start $(TEST_BIN)
+	@scripts/pg.sh dropdbs >/dev/null 2>&1 || true
+	BUZZ_BIN=$(CURDIR)/$(TEST_BIN) BUZZ_BUILD_TAGS='$(TEST_TAGS)' $(if $(DATABASE_URL),,BUZZ_OWNS_SERVER=1) \
+	  $(GO) test -tags '$(TEST_TAGS)' -count=1 -p 2 -timeout $(TEST_TIMEOUT) ./...
+	$(MAKE) --no-print-directory fuzz
+
+test-short: db-start $(TEST_BIN)
+	BUZZ_BIN=$(CURDIR)/$(TEST_BIN) BUZZ_BUILD_TAGS='$(TEST_TAGS)' $(GO) test -tags '$(TEST_TAGS)' -short -count=1 ./...
+
+# Each fuzz target for a few seconds (the committed corpus also runs as plain tests).
+fuzz:
+	@for t in $$($(GO) test -list 'Fuzz.*' ./relay/ | grep ^Fuzz); do \
+	  echo "fuzz $$t ($(FUZZTIME))"; \
+	  $(GO) test -tags '$(TAGS)' -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) ./relay/ || exit 1; \
+	done
+
+vet:
+	$(GO) vet -tags '$(TEST_TAGS)' ./...
+
+clean:
+	rm -rf bin

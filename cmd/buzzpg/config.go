@@ -1,0 +1,128 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+)
+
+// serveConfig is everything `buzzpg serve` reads. Each field has an environment variable and a
+// flag of the same meaning; the flag wins.
+type serveConfig struct {
+	DatabaseURL      string
+	Listen           string
+	RelayURL         string
+	RelayKey         string
+	RelayKeyFile     string
+	InstanceID       string
+	AutoMigrate      bool
+	NoRelay          bool
+	LogFormat        string
+	LogLevel         string
+	SweepInterval    time.Duration
+	Lease            time.Duration
+	BackoffMax       time.Duration
+	SlotStaleAfter   time.Duration
+	ReminderLease    time.Duration
+	ReminderHorizon  time.Duration
+	QueryTimeout     time.Duration
+	MaxFutureSeconds int64
+	AcceptConns      int
+	QueryConns       int
+	EventRate        float64 // EVENTs per second per connection (token bucket), 0 = unlimited
+	EventBurst       int
+	ReqRate          float64 // REQ/COUNT per second per connection
+	ReqBurst         int
+	IPEventRate      float64 // EVENTs per second per client IP across its connections
+	IPReqRate        float64
+	ShutdownGrace    time.Duration
+}
+
+func envStr(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok && v != "" {
+		return v
+	}
+	return def
+}
+
+func envDur(name string, def time.Duration) time.Duration {
+	if v := os.Getenv(name); v != "" {
+		if d, err := time.ParseDuration(v); err == nil {
+			return d
+		}
+		fmt.Fprintf(os.Stderr, "buzzpg: ignoring %s=%q: not a duration (e.g. 5s)\n", name, v)
+	}
+	return def
+}
+
+func envBool(name string, def bool) bool {
+	if v := os.Getenv(name); v != "" {
+		if b, err := strconv.ParseBool(v); err == nil {
+			return b
+		}
+	}
+	return def
+}
+
+func envInt(name string, def int) int {
+	if v := os.Getenv(name); v != "" {
+		if n, err := strconv.Atoi(v); err == nil {
+			return n
+		}
+	}
+	return def
+}
+
+func envFloat(name string, def float64) float64 {
+	if v := os.Getenv(name); v != "" {
+		if n, err := strconv.ParseFloat(v, 64); err == nil {
+			return n
+		}
+	}
+	return def
+}
+
+func parseServeConfig(args []string) (serveConfig, error) {
+	var c serveConfig
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.StringVar(&c.DatabaseURL, "database-url", envStr("DATABASE_URL", ""), "PostgreSQL URL (DATABASE_URL)")
+	fs.StringVar(&c.Listen, "listen", envStr("BUZZ_LISTEN", "127.0.0.1:7777"), "address for WebSocket and HTTP (BUZZ_LISTEN)")
+	fs.StringVar(&c.RelayURL, "relay-url", envStr("BUZZ_RELAY_URL", ""), "public relay URL checked in NIP-42 AUTH (BUZZ_RELAY_URL; default ws:// + listen)")
+	fs.StringVar(&c.RelayKey, "relay-key", envStr("BUZZ_RELAY_KEY", ""), "relay secret key, hex (BUZZ_RELAY_KEY)")
+	fs.StringVar(&c.RelayKeyFile, "relay-key-file", envStr("BUZZ_RELAY_KEY_FILE", ""), "file holding the relay secret key (BUZZ_RELAY_KEY_FILE)")
+	fs.StringVar(&c.InstanceID, "instance-id", envStr("BUZZ_INSTANCE_ID", ""), "unique id of this process; names its replication slot (BUZZ_INSTANCE_ID; default random)")
+	fs.BoolVar(&c.AutoMigrate, "auto-migrate", envBool("BUZZ_AUTO_MIGRATE", true), "apply migrations at start (BUZZ_AUTO_MIGRATE); turn off for rolling deploys")
+	fs.BoolVar(&c.NoRelay, "no-relay", envBool("BUZZ_NO_RELAY", false), "run the listener only, no WebSocket relay (BUZZ_NO_RELAY)")
+	fs.StringVar(&c.LogFormat, "log-format", envStr("BUZZ_LOG_FORMAT", "text"), "text or json (BUZZ_LOG_FORMAT)")
+	fs.StringVar(&c.LogLevel, "log-level", envStr("BUZZ_LOG_LEVEL", "info"), "debug, info, warn, error (BUZZ_LOG_LEVEL)")
+	fs.DurationVar(&c.SweepInterval, "sweep-interval", envDur("BUZZ_SWEEP_INTERVAL", 3*time.Second), "periodic outbox sweep (BUZZ_SWEEP_INTERVAL)")
+	fs.DurationVar(&c.Lease, "lease", envDur("BUZZ_LEASE", 30*time.Second), "outbox claim lease (BUZZ_LEASE)")
+	fs.DurationVar(&c.BackoffMax, "backoff-max", envDur("BUZZ_BACKOFF_MAX", time.Minute), "cap of the publication retry backoff (BUZZ_BACKOFF_MAX)")
+	fs.DurationVar(&c.SlotStaleAfter, "slot-stale-after", envDur("BUZZ_SLOT_STALE_AFTER", 60*time.Second), "drop replication slots of instances silent this long (BUZZ_SLOT_STALE_AFTER)")
+	fs.DurationVar(&c.ReminderLease, "reminder-lease", envDur("BUZZ_REMINDER_LEASE", 30*time.Second), "reminder claim lease (BUZZ_REMINDER_LEASE)")
+	fs.DurationVar(&c.ReminderHorizon, "reminder-horizon", envDur("BUZZ_REMINDER_HORIZON", 365*24*time.Hour), "how far ahead not_before may be (BUZZ_REMINDER_HORIZON)")
+	fs.DurationVar(&c.QueryTimeout, "query-timeout", envDur("BUZZ_QUERY_TIMEOUT", 5*time.Second), "statement_timeout of REQ/COUNT queries (BUZZ_QUERY_TIMEOUT)")
+	fs.Int64Var(&c.MaxFutureSeconds, "max-future-seconds", int64(envInt("BUZZ_MAX_FUTURE_SECONDS", 900)), "how far ahead of now created_at may be (BUZZ_MAX_FUTURE_SECONDS)")
+	fs.IntVar(&c.AcceptConns, "accept-conns", envInt("BUZZ_ACCEPT_CONNS", 16), "PostgreSQL connections for accept_event (BUZZ_ACCEPT_CONNS)")
+	fs.IntVar(&c.QueryConns, "query-conns", envInt("BUZZ_QUERY_CONNS", 8), "PostgreSQL connections for REQ/COUNT (BUZZ_QUERY_CONNS)")
+	fs.Float64Var(&c.EventRate, "event-rate", envFloat("BUZZ_EVENT_RATE", 0), "EVENTs per second per connection, 0 = unlimited (BUZZ_EVENT_RATE)")
+	fs.IntVar(&c.EventBurst, "event-burst", envInt("BUZZ_EVENT_BURST", 100), "burst for --event-rate (BUZZ_EVENT_BURST)")
+	fs.Float64Var(&c.ReqRate, "req-rate", envFloat("BUZZ_REQ_RATE", 0), "REQ/COUNT per second per connection, 0 = unlimited (BUZZ_REQ_RATE)")
+	fs.IntVar(&c.ReqBurst, "req-burst", envInt("BUZZ_REQ_BURST", 50), "burst for --req-rate (BUZZ_REQ_BURST)")
+	fs.Float64Var(&c.IPEventRate, "ip-event-rate", envFloat("BUZZ_IP_EVENT_RATE", 0), "EVENTs per second per client IP, 0 = unlimited (BUZZ_IP_EVENT_RATE)")
+	fs.Float64Var(&c.IPReqRate, "ip-req-rate", envFloat("BUZZ_IP_REQ_RATE", 0), "REQ/COUNT per second per client IP, 0 = unlimited (BUZZ_IP_REQ_RATE)")
+	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", envDur("BUZZ_SHUTDOWN_GRACE", 10*time.Second), "how long graceful shutdown may take (BUZZ_SHUTDOWN_GRACE)")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if c.DatabaseURL == "" {
+		return c, fmt.Errorf("DATABASE_URL is not set: point it at PostgreSQL (make run starts a private cluster and sets it)")
+	}
+	if c.InstanceID == "" {
+		host, _ := os.Hostname()
+		c.InstanceID = fmt.Sprintf("%s_%d_%d", host, os.Getpid(), time.Now().UnixNano()%1e6)
+	}
+	return c, nil
+}

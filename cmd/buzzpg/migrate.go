@@ -1,0 +1,59 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+
+	"github.com/golang-migrate/migrate/v4"
+
+	"github.com/buzzpg/buzzpg/internal/db"
+)
+
+func runMigrate(args []string) error {
+	if len(args) < 1 {
+		return errors.New("usage: buzzpg migrate up|down|version|force N")
+	}
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		return errors.New("DATABASE_URL is not set")
+	}
+	log := newLogger(os.Getenv("BUZZ_LOG_FORMAT"), os.Getenv("BUZZ_LOG_LEVEL"))
+	switch args[0] {
+	case "up":
+		return db.MigrateUp(url, log)
+	case "down":
+		m, err := db.NewMigrator(url, log)
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		if err := m.Down(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
+			return err
+		}
+		return nil
+	case "version":
+		v, dirty, current, err := db.SchemaStatus(url)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("version %d dirty=%v current=%v (binary has %d)\n", v, dirty, current, db.LatestVersion())
+		return nil
+	case "force":
+		if len(args) < 2 {
+			return errors.New("usage: buzzpg migrate force VERSION")
+		}
+		v, err := strconv.Atoi(args[1])
+		if err != nil {
+			return err
+		}
+		m, err := db.NewMigrator(url, log)
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		return m.Force(v)
+	}
+	return fmt.Errorf("unknown migrate command %q", args[0])
+}

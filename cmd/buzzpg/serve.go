@@ -1,0 +1,234 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/buzzpg/buzzpg/internal/db"
+	"github.com/buzzpg/buzzpg/listener"
+	"github.com/buzzpg/buzzpg/relay"
+)
+
+func runServe(args []string) error {
+	cfg, err := parseServeConfig(args)
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg.LogFormat, cfg.LogLevel).With("instance", cfg.InstanceID)
+	slog.SetDefault(log)
+	sk, pk, err := loadRelayKey(cfg.RelayKey, cfg.RelayKeyFile)
+	if err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	if cfg.AutoMigrate {
+		if err := db.MigrateUp(cfg.DatabaseURL, log); err != nil {
+			return err
+		}
+	}
+	accept, err := db.NewPool(ctx, cfg.DatabaseURL, "buzzpg-accept:"+cfg.InstanceID, int32(cfg.AcceptConns))
+	if err != nil {
+		return err
+	}
+	defer accept.Close()
+	if err := checkSchema(ctx, accept); err != nil {
+		return err
+	}
+	if err := listener.CheckWalLevel(ctx, accept); err != nil {
+		return err
+	}
+	query, err := db.NewPool(ctx, cfg.DatabaseURL, "buzzpg-query:"+cfg.InstanceID, int32(cfg.QueryConns))
+	if err != nil {
+		return err
+	}
+	defer query.Close()
+	lpool, err := db.NewPool(ctx, cfg.DatabaseURL, "buzzpg-listener:"+cfg.InstanceID, 8)
+	if err != nil {
+		return err
+	}
+	defer lpool.Close()
+	if err := publishSettings(ctx, accept, pk, cfg); err != nil {
+		return err
+	}
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("cannot listen on %s: %w (set BUZZ_LISTEN to a free address)", cfg.Listen, err)
+	}
+	addr := ln.Addr().String()
+	if cfg.RelayURL == "" {
+		cfg.RelayURL = "ws://" + addr
+	}
+
+	var (
+		srv    *relay.Server
+		fanout *listener.Fanout
+	)
+	if !cfg.NoRelay {
+		srv, err = relay.New(relay.Config{
+			RelayURL:         cfg.RelayURL,
+			RelaySecretKey:   sk,
+			Name:             "buzzpg",
+			Description:      "team chat relay; durable side effects in PostgreSQL",
+			MaxFutureSeconds: cfg.MaxFutureSeconds,
+			QueryTimeout:     cfg.QueryTimeout,
+			ReminderHorizon:  cfg.ReminderHorizon,
+			Logger:           log.With("component", "relay"),
+		}, accept, query)
+		if err != nil {
+			return err
+		}
+		fanout = listener.NewFanout(listener.FanoutConfig{
+			DatabaseURL: cfg.DatabaseURL,
+			InstanceID:  cfg.InstanceID,
+			StaleAfter:  cfg.SlotStaleAfter,
+			Logger:      log.With("component", "fanout"),
+		}, lpool, srv)
+	}
+	publisher := listener.NewPublisher(listener.PublisherConfig{
+		InstanceID:     cfg.InstanceID,
+		RelaySecretKey: sk,
+		SweepInterval:  cfg.SweepInterval,
+		Lease:          cfg.Lease,
+		BackoffMax:     cfg.BackoffMax,
+		Logger:         log.With("component", "publisher"),
+		DatabaseURL:    cfg.DatabaseURL,
+	}, lpool)
+	scheduler := listener.NewScheduler(listener.SchedulerConfig{
+		InstanceID:  cfg.InstanceID,
+		Lease:       cfg.ReminderLease,
+		Logger:      log.With("component", "reminders"),
+		DatabaseURL: cfg.DatabaseURL,
+	}, lpool)
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if msg := readiness(r.Context(), accept, fanout); msg != "" {
+			http.Error(w, msg, http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	mux.Handle("/metrics", promhttp.Handler())
+	if srv != nil {
+		mux.Handle("/", srv)
+	}
+	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+
+	// Components run until ctx ends; a component that fails for good stops the process.
+	compCtx, cancelComps := context.WithCancel(context.Background())
+	defer cancelComps()
+	failed := make(chan error, 4)
+	var wg sync.WaitGroup
+	runComp := func(name string, run func(context.Context) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := run(compCtx); err != nil && !errors.Is(err, context.Canceled) {
+				failed <- fmt.Errorf("%s: %w", name, err)
+			}
+		}()
+	}
+	if fanout != nil {
+		runComp("fanout", fanout.Run)
+	}
+	runComp("publisher", publisher.Run)
+	runComp("reminders", scheduler.Run)
+	go func() {
+		if err := httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			failed <- fmt.Errorf("http: %w", err)
+		}
+	}()
+	log.Info("listening", "addr", addr, "relay_url", cfg.RelayURL, "relay_pubkey", pk, "relay", !cfg.NoRelay)
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down", "reason", "signal")
+	case runErr = <-failed:
+		log.Error("component failed; shutting down", "err", runErr)
+	}
+
+	// Graceful: stop accepting, close client connections, release claims and leases, drop the slot.
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
+	defer cancel()
+	_ = httpSrv.Shutdown(sctx)
+	if srv != nil {
+		_ = srv.Shutdown(sctx)
+	}
+	cancelComps()
+	wg.Wait()
+	if err := publisher.Close(sctx); err != nil {
+		log.Warn("publisher close", "err", err)
+	}
+	if err := scheduler.Close(sctx); err != nil {
+		log.Warn("scheduler close", "err", err)
+	}
+	if fanout != nil {
+		if err := fanout.Close(sctx); err != nil {
+			log.Warn("fanout close", "err", err)
+		}
+	}
+	log.Info("stopped")
+	return runErr
+}
+
+// checkSchema refuses to serve a database whose schema is missing, dirty or newer than this
+// binary understands, with what to do about it.
+func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
+	var version int64
+	var dirty bool
+	err := pool.QueryRow(ctx, `SELECT version, dirty FROM `+db.MigrationsTable+` LIMIT 1`).Scan(&version, &dirty)
+	if err != nil {
+		return fmt.Errorf("schema: cannot read %s (%v): apply migrations with `buzzpg migrate up` or start with BUZZ_AUTO_MIGRATE=true", db.MigrationsTable, err)
+	}
+	if dirty {
+		return fmt.Errorf("schema: migration %d failed halfway (dirty); fix the cause, then `buzzpg migrate force %d` and `buzzpg migrate up`", version, version-1)
+	}
+	if uint(version) < db.LatestVersion() {
+		return fmt.Errorf("schema: database is at version %d, this binary needs %d: run `buzzpg migrate up`", version, db.LatestVersion())
+	}
+	return nil
+}
+
+func publishSettings(ctx context.Context, pool *pgxpool.Pool, pk string, cfg serveConfig) error {
+	_, err := pool.Exec(ctx, `
+		INSERT INTO buzz.config(key, value) VALUES
+		  ('relay_pubkey', $1), ('max_future_seconds', $2), ('reminder_horizon_seconds', $3)
+		ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value`,
+		pk, fmt.Sprint(cfg.MaxFutureSeconds), fmt.Sprint(int64(cfg.ReminderHorizon/time.Second)))
+	if err != nil {
+		return fmt.Errorf("cannot write buzz.config: %w", err)
+	}
+	return nil
+}
+
+func readiness(ctx context.Context, pool *pgxpool.Pool, fanout *listener.Fanout) string {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := pool.Ping(ctx); err != nil {
+		return "database unreachable: " + err.Error()
+	}
+	if err := checkSchema(ctx, pool); err != nil {
+		return err.Error()
+	}
+	if fanout != nil && !fanout.Ready() {
+		return "replication stream not attached"
+	}
+	return ""
+}

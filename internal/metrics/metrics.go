@@ -1,0 +1,77 @@
+// Package metrics holds every Prometheus collector buzzpg exports at /metrics, in one place so an
+// operator can read the list. Components increment them; serve exposes the default registry.
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+var (
+	// EventsAccepted counts EVENT verdicts by OK prefix: "accepted", "duplicate", "invalid",
+	// "restricted", "blocked", "auth-required", "rate-limited", "error".
+	EventsAccepted = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "buzz_events_total", Help: "EVENT messages by verdict (OK prefix).",
+	}, []string{"verdict"})
+	AcceptSeconds = promauto.NewHistogram(prometheus.HistogramOpts{
+		Name: "buzz_accept_seconds", Help: "Time of one buzz.accept_event call.",
+		Buckets: prometheus.ExponentialBuckets(0.0002, 2, 14),
+	})
+	Connections = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "buzz_connections", Help: "Open WebSocket connections.",
+	})
+	Subscriptions = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "buzz_subscriptions", Help: "Live subscriptions across connections.",
+	})
+	SlowClientsClosed = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "buzz_slow_clients_closed_total", Help: "Connections closed because their send queue overflowed.",
+	})
+	RateLimited = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "buzz_rate_limited_total", Help: "Messages answered rate-limited:, by verb.",
+	}, []string{"verb"})
+	Queries = promauto.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "buzz_query_seconds", Help: "REQ/COUNT initial query time.",
+		Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16),
+	}, []string{"verb"})
+
+	// Fan-out (logical replication).
+	FanoutDelivered = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "buzz_fanout_events_total", Help: "Events decoded from the replication stream, by source (insert, ephemeral, due).",
+	}, []string{"source"})
+	FanoutLagSeconds = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "buzz_fanout_lag_seconds", Help: "Now minus the commit time of the last transaction handed to connections.",
+	})
+	FanoutReconnects = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "buzz_fanout_reconnects_total", Help: "Replication stream reconnects.",
+	})
+	FanoutAttached = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "buzz_fanout_attached", Help: "1 while the replication stream is attached.",
+	})
+
+	// Visibility snapshots (outbox + fenced publisher).
+	OutboxDepth = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "buzz_visibility_pending_viewers", Help: "Viewers whose target generation is ahead of the published one.",
+	})
+	OutboxOldestSeconds = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "buzz_visibility_oldest_pending_seconds", Help: "Age of the oldest pending visibility change.",
+	})
+	Publications = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "buzz_snapshot_publications_total", Help: "Snapshot publications by outcome (published, stale, retry, failed).",
+	}, []string{"outcome"})
+	ConvergeSeconds = promauto.NewHistogram(prometheus.HistogramOpts{
+		Name: "buzz_snapshot_converge_seconds", Help: "From the visibility change to the published snapshot.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+	})
+
+	// Reminders.
+	ReminderClaims = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "buzz_reminder_claims_total", Help: "Reminder claim outcomes (claimed, confirmed, rolled_back, lost, recovered, failed).",
+	}, []string{"outcome"})
+	ReminderLateness = promauto.NewHistogram(prometheus.HistogramOpts{
+		Name: "buzz_reminder_lateness_seconds", Help: "Due signal emitted minus not_before.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+	})
+	ReminderDueDelivered = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "buzz_reminder_due_delivered_total", Help: "Due signals handed to connections of this process.",
+	})
+)

@@ -1,0 +1,70 @@
+// Package store is the Go side of buzz.accept_event: one call, one transaction, one verdict.
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/db"
+)
+
+// Prefixes for the buzz SQLSTATEs accept_event raises (sql/0002_accept.up.sql).
+var sqlstatePrefix = map[string]string{
+	"BZ400": "invalid: ",
+	"BZ401": "auth-required: ",
+	"BZ403": "restricted: ",
+	"BZ409": "blocked: ",
+	"BZ429": "rate-limited: ",
+	"22P05": "invalid: ", // untranslatable character (NUL) in jsonb
+	"22P02": "invalid: ",
+	"22003": "invalid: ",
+}
+
+// ClientError maps a rejected acceptance to the OK message the client should see. ok is false
+// when err is not a client error (the caller answers "error: ..." and logs it).
+func ClientError(err error) (message string, ok bool) {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return "", false
+	}
+	prefix, known := sqlstatePrefix[pgErr.Code]
+	if !known {
+		return "", false
+	}
+	msg := pgErr.Message
+	if strings.HasPrefix(msg, strings.TrimSpace(prefix)) {
+		return msg, true
+	}
+	return prefix + msg, true
+}
+
+// Accept runs buzz.accept_event for a verified event and returns the OK verdict. Deadlocks and
+// serialization failures are retried (the event is idempotent by id). err is non-nil only for
+// failures that are not the client's: the caller answers `OK false "error: ..."`.
+func Accept(ctx context.Context, pool *pgxpool.Pool, ev *nostr.Event) (ok bool, message string, err error) {
+	raw, err := json.Marshal(ev)
+	if err != nil {
+		return false, "invalid: cannot encode event", nil
+	}
+	return AcceptJSON(ctx, pool, raw)
+}
+
+// AcceptJSON is Accept for an already encoded event.
+func AcceptJSON(ctx context.Context, pool *pgxpool.Pool, raw []byte) (ok bool, message string, err error) {
+	err = db.Retry(ctx, func(ctx context.Context) error {
+		return pool.QueryRow(ctx, `SELECT ok, message FROM buzz.accept_event($1::jsonb)`, string(raw)).Scan(&ok, &message)
+	})
+	if err != nil {
+		if msg, isClient := ClientError(err); isClient {
+			return false, msg, nil
+		}
+		return false, "", err
+	}
+	return ok, message, nil
+}
