@@ -1,0 +1,165 @@
+package dm
+
+import (
+	"encoding/json"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/nbd-wtf/go-nostr"
+)
+
+// Interleavings of a hide and a message on two connections, PostgreSQL-isolation-test style:
+// each step runs on a named session; "blocked" is observed in pg_stat_activity, not guessed.
+
+// A hide that commits before the message is cleared by it.
+func TestRaceHideCommitsFirstIsCleared(t *testing.T) {
+	e := newEnv(t)
+	a, b := newUser(), newUser()
+	ch := e.open(a, b)
+	h, m := e.session("hide"), e.session("msg")
+
+	h.begin()
+	h.mustAccept(b.event(t, 41012, nostr.Tags{{"h", ch}}, ""))
+	m.begin()
+	var mok bool
+	var mmsg string
+	var merr error
+	done := async(func() { mok, mmsg, merr = m.accept(a.event(t, 9, nostr.Tags{{"h", ch}}, "")) })
+	if !e.waitBlockedOrDone(m.pid, done) {
+		t.Fatal("the message did not wait for the uncommitted hide")
+	}
+	h.commit()
+	<-done
+	must(t, mok, mmsg, merr)
+	m.commit()
+	if e.hidden(b, ch) {
+		t.Fatal("a hide that committed before the message was not cleared")
+	}
+	e.assertAgree(b, 2)
+}
+
+// A hide that commits after the message stays. This is the trap a plain UPDATE ... WHERE
+// hidden_at IS NOT NULL falls into: the message's scan does not see a hide that is not yet
+// written, the hide then commits FIRST, and the message never clears it. Locking every member
+// row first makes the hide wait for the message, so its commit really comes after.
+func TestRaceHideAfterMessageStays(t *testing.T) {
+	e := newEnv(t)
+	a, b := newUser(), newUser()
+	ch := e.open(a, b)
+	h, m := e.session("hide"), e.session("msg")
+
+	m.begin()
+	m.mustAccept(a.event(t, 9, nostr.Tags{{"h", ch}}, ""))
+	var commits atomic.Int64
+	var hideCommitOrder int64
+	done := async(func() {
+		h.begin()
+		h.mustAccept(b.event(t, 41012, nostr.Tags{{"h", ch}}, ""))
+		h.commit()
+		hideCommitOrder = commits.Add(1)
+	})
+	blocked := e.waitBlockedOrDone(h.pid, done)
+	m.commit()
+	msgCommitOrder := commits.Add(1)
+	<-done
+	if !blocked || hideCommitOrder < msgCommitOrder {
+		// The hide committed before the message: commit order says the message clears it.
+		if e.hidden(b, ch) {
+			t.Fatalf("commit order broken: the hide committed first (hide #%d, message #%d) yet stays hidden", hideCommitOrder, msgCommitOrder)
+		}
+	}
+	if !e.hidden(b, ch) {
+		t.Fatal("a hide that committed after the message was cleared")
+	}
+	e.assertAgree(b, 1)
+}
+
+// Two messages and one hide: message 1 holds the DM; the hide and message 2 queue behind it.
+func TestRaceTwoMessagesOneHide(t *testing.T) {
+	e := newEnv(t)
+	a, b := newUser(), newUser()
+	ch := e.open(a, b)
+	m1, h, m2 := e.session("msg1"), e.session("hide"), e.session("msg2")
+	var commits atomic.Int64
+	var hideAt, m2At int64
+
+	m1.begin()
+	m1.mustAccept(a.event(t, 9, nostr.Tags{{"h", ch}}, ""))
+	hDone := async(func() {
+		h.begin()
+		h.mustAccept(b.event(t, 41012, nostr.Tags{{"h", ch}}, ""))
+		h.commit()
+		hideAt = commits.Add(1)
+	})
+	if !e.waitBlockedOrDone(h.pid, hDone) {
+		t.Fatal("the hide did not wait for message 1")
+	}
+	m2Done := async(func() {
+		m2.begin()
+		m2.mustAccept(a.event(t, 40002, nostr.Tags{{"h", ch}}, ""))
+		m2.commit()
+		m2At = commits.Add(1)
+	})
+	if !e.waitBlockedOrDone(m2.pid, m2Done) {
+		t.Fatal("message 2 did not wait for message 1")
+	}
+	m1.commit()
+	commits.Add(1)
+	<-hDone
+	<-m2Done
+	switch {
+	case hideAt < m2At: // hide, then message 2: cleared, two generations
+		if e.hidden(b, ch) {
+			t.Fatalf("hide committed (#%d) before message 2 (#%d) but stays", hideAt, m2At)
+		}
+		e.assertAgree(b, 2)
+	default: // message 2, then hide: hidden, one generation
+		if !e.hidden(b, ch) {
+			t.Fatalf("hide committed (#%d) after message 2 (#%d) but was cleared", hideAt, m2At)
+		}
+		e.assertAgree(b, 1)
+	}
+}
+
+// Two opens of the same set race: one channel, one creator.
+func TestRaceOpenOpenSameSet(t *testing.T) {
+	e := newEnv(t)
+	a, b := newUser(), newUser()
+	s1, s2 := e.session("open1"), e.session("open2")
+	s1.begin()
+	ok, msg1, err := s1.accept(a.event(t, 41010, nostr.Tags{{"p", b.pk}}, ""))
+	must(t, ok, msg1, err)
+	var msg2 string
+	s2.begin()
+	done := async(func() {
+		var ok bool
+		var err error
+		ok, msg2, err = s2.accept(b.event(t, 41010, nostr.Tags{{"p", a.pk}}, ""))
+		must(t, ok, msg2, err)
+	})
+	if !e.waitBlockedOrDone(s2.pid, done) {
+		t.Fatal("the second open did not wait on the first (participant hash)")
+	}
+	s1.commit()
+	<-done
+	s2.commit()
+	r1, r2 := parseResponse(t, msg1), parseResponse(t, msg2)
+	if r1.ChannelID != r2.ChannelID || !r1.Created || r2.Created {
+		t.Fatalf("two opens of one set: %+v and %+v", r1, r2)
+	}
+}
+
+type openResponse struct {
+	ChannelID string `json:"channel_id"`
+	Created   bool   `json:"created"`
+}
+
+func parseResponse(t testing.TB, msg string) openResponse {
+	t.Helper()
+	var r openResponse
+	if !strings.HasPrefix(msg, "response:") || json.Unmarshal([]byte(strings.TrimPrefix(msg, "response:")), &r) != nil {
+		t.Fatalf("not a response: %q", msg)
+	}
+	return r
+}
