@@ -24,7 +24,7 @@ func TestAcceptAndOutboxCommitTogether(t *testing.T) {
 		CREATE FUNCTION pg_temp_fail_outbox() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN RAISE EXCEPTION 'outbox write failed (test)'; END $$;
 		CREATE TRIGGER test_fail_outbox BEFORE INSERT OR UPDATE ON buzz.visibility_outbox
-		  FOR EACH ROW WHEN (NEW.viewer = '`+b.pk+`') EXECUTE FUNCTION pg_temp_fail_outbox();`)
+		  FOR EACH ROW WHEN (NEW.viewer = '`+b.PK+`') EXECUTE FUNCTION pg_temp_fail_outbox();`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +33,7 @@ func TestAcceptAndOutboxCommitTogether(t *testing.T) {
 	}
 	t.Cleanup(cleanup)
 
-	m := a.event(t, 9, nostr.Tags{{"h", ch}}, "are you there?")
+	m := a.Event(t, 9, nostr.Tags{{"h", ch}}, "are you there?")
 	ok, msg, err := store.Accept(ctx, e.pool, m)
 	if err == nil || ok {
 		t.Fatalf("accept must fail when the outbox write fails: ok=%v msg=%q err=%v", ok, msg, err)

@@ -20,7 +20,7 @@ func TestOpenIsIdempotentBySet(t *testing.T) {
 		t.Fatalf("open by the other participant gave %s, want %s", other, ch)
 	}
 	// Duplicate p tags and the opener listed among the p tags name the same set.
-	ok, msg := e.accept(a.event(t, 41010, nostr.Tags{{"p", b.pk}, {"p", b.pk}, {"p", a.pk}}, ""))
+	ok, msg := e.accept(a.Event(t, 41010, nostr.Tags{{"p", b.PK}, {"p", b.PK}, {"p", a.PK}}, ""))
 	if !ok || !strings.Contains(msg, ch) || !strings.Contains(msg, `"created": false`) && !strings.Contains(msg, `"created":false`) {
 		t.Fatalf("dedup open: %v %q", ok, msg)
 	}
@@ -37,20 +37,20 @@ func TestOpenParticipantBounds(t *testing.T) {
 	others := func(n int) nostr.Tags {
 		var tags nostr.Tags
 		for i := 0; i < n; i++ {
-			tags = append(tags, nostr.Tag{"p", newUser().pk})
+			tags = append(tags, nostr.Tag{"p", newUser().PK})
 		}
 		return tags
 	}
-	if ok, msg := e.accept(a.event(t, 41010, others(8), "")); !ok {
+	if ok, msg := e.accept(a.Event(t, 41010, others(8), "")); !ok {
 		t.Fatalf("9 participants rejected: %q", msg)
 	}
 	for _, n := range []int{0, 9} {
-		ok, msg := e.accept(a.event(t, 41010, others(n), ""))
+		ok, msg := e.accept(a.Event(t, 41010, others(n), ""))
 		if ok || !strings.HasPrefix(msg, "invalid:") {
 			t.Fatalf("%d others: got %v %q, want invalid:", n, ok, msg)
 		}
 	}
-	ok, msg := e.accept(a.event(t, 41010, nostr.Tags{{"p", "not-hex"}}, ""))
+	ok, msg := e.accept(a.Event(t, 41010, nostr.Tags{{"p", "not-hex"}}, ""))
 	if ok || !strings.HasPrefix(msg, "invalid:") {
 		t.Fatalf("bad p: %v %q", ok, msg)
 	}
@@ -84,11 +84,11 @@ func TestOtherKindsNeverResurface(t *testing.T) {
 	target := e.msg(a, ch, 9)
 	e.hide(b, ch)
 	cases := []*nostr.Event{
-		a.event(t, 7, nostr.Tags{{"h", ch}, {"e", target.ID}}, "+"),
-		a.event(t, 40003, nostr.Tags{{"h", ch}, {"e", target.ID}}, "edit"),
-		a.event(t, 40099, nostr.Tags{{"h", ch}}, "system"),
-		a.event(t, 20001, nostr.Tags{{"h", ch}}, "typing"),
-		a.event(t, 5, nostr.Tags{{"h", ch}, {"e", target.ID}}, ""),
+		a.Event(t, 7, nostr.Tags{{"h", ch}, {"e", target.ID}}, "+"),
+		a.Event(t, 40003, nostr.Tags{{"h", ch}, {"e", target.ID}}, "edit"),
+		a.Event(t, 40099, nostr.Tags{{"h", ch}}, "system"),
+		a.Event(t, 20001, nostr.Tags{{"h", ch}}, "typing"),
+		a.Event(t, 5, nostr.Tags{{"h", ch}, {"e", target.ID}}, ""),
 	}
 	for _, ev := range cases {
 		if ok, msg := e.accept(ev); !ok {
@@ -122,7 +122,7 @@ func TestDuplicateMessageChangesNothing(t *testing.T) {
 		t.Fatalf("stored %d times", n)
 	}
 	// Command replays change nothing either.
-	hideEv := b.event(t, 41012, nostr.Tags{{"h", ch}}, "")
+	hideEv := b.Event(t, 41012, nostr.Tags{{"h", ch}}, "")
 	e.accept(hideEv)
 	e.msg(a, ch, 9)
 	if e.hidden(b, ch) {
@@ -160,7 +160,7 @@ func TestAddMemberOpensNewDM(t *testing.T) {
 	a, b, c, x := newUser(), newUser(), newUser(), newUser()
 	ch := e.open(a, b)
 	add := func(u user) (bool, string) {
-		return e.accept(u.event(t, 41011, nostr.Tags{{"h", ch}, {"p", c.pk}}, ""))
+		return e.accept(u.Event(t, 41011, nostr.Tags{{"h", ch}, {"p", c.PK}}, ""))
 	}
 	ok, msg := add(a)
 	if !ok || !strings.HasPrefix(msg, "response:") {
@@ -191,10 +191,10 @@ func TestNonMembersAreRestricted(t *testing.T) {
 	a, b, x := newUser(), newUser(), newUser()
 	ch := e.open(a, b)
 	for _, ev := range []*nostr.Event{
-		x.event(t, 41012, nostr.Tags{{"h", ch}}, ""),
-		x.event(t, 9, nostr.Tags{{"h", ch}}, "intruder"),
-		a.event(t, 9, nostr.Tags{{"h", "00000000-0000-0000-0000-000000000000"}}, "nowhere"),
-		a.event(t, 9, nostr.Tags{{"h", "not-a-uuid"}}, "nowhere"),
+		x.Event(t, 41012, nostr.Tags{{"h", ch}}, ""),
+		x.Event(t, 9, nostr.Tags{{"h", ch}}, "intruder"),
+		a.Event(t, 9, nostr.Tags{{"h", "00000000-0000-0000-0000-000000000000"}}, "nowhere"),
+		a.Event(t, 9, nostr.Tags{{"h", "not-a-uuid"}}, "nowhere"),
 	} {
 		ok, msg := e.accept(ev)
 		if ok || !strings.HasPrefix(msg, "restricted:") {
@@ -235,8 +235,8 @@ func TestRelaySignedMessageUsesActor(t *testing.T) {
 	ch := e.open(a, b)
 	e.hide(a, ch)
 	e.hide(b, ch)
-	relay := user{relaySK, relayPK}
-	ok, msg := e.accept(relay.event(t, 9, nostr.Tags{{"h", ch}, {"actor", a.pk}}, "workflow says hi"))
+	relay := user{SK: relaySK, PK: relayPK}
+	ok, msg := e.accept(relay.Event(t, 9, nostr.Tags{{"h", ch}, {"actor", a.PK}}, "workflow says hi"))
 	if !ok {
 		t.Fatalf("relay-signed: %q", msg)
 	}
@@ -248,20 +248,20 @@ func TestRelaySignedMessageUsesActor(t *testing.T) {
 	}
 	// No actor: the first p tag is the sender.
 	e.hide(b, ch)
-	if ok, msg := e.accept(relay.event(t, 9, nostr.Tags{{"h", ch}, {"p", b.pk}}, "for b")); !ok {
+	if ok, msg := e.accept(relay.Event(t, 9, nostr.Tags{{"h", ch}, {"p", b.PK}}, "for b")); !ok {
 		t.Fatalf("relay-signed with p: %q", msg)
 	}
 	if !e.hidden(b, ch) || e.hidden(a, ch) {
 		t.Fatal("with only a p tag, that p is the sender")
 	}
 	// The actor must be a member.
-	if ok, msg := e.accept(relay.event(t, 9, nostr.Tags{{"h", ch}, {"actor", x.pk}}, "x")); ok || !strings.HasPrefix(msg, "restricted:") {
+	if ok, msg := e.accept(relay.Event(t, 9, nostr.Tags{{"h", ch}, {"actor", x.PK}}, "x")); ok || !strings.HasPrefix(msg, "restricted:") {
 		t.Fatalf("non-member actor: %v %q", ok, msg)
 	}
 	// On a client-signed event the actor tag does not count: the sender is its pubkey.
 	e.hide(b, ch)
 	e.hide(a, ch)
-	if ok, msg := e.accept(a.event(t, 9, nostr.Tags{{"h", ch}, {"actor", b.pk}}, "spoof")); !ok {
+	if ok, msg := e.accept(a.Event(t, 9, nostr.Tags{{"h", ch}, {"actor", b.PK}}, "spoof")); !ok {
 		t.Fatalf("client message with actor tag: %q", msg)
 	}
 	if e.hidden(b, ch) || !e.hidden(a, ch) {
@@ -274,24 +274,24 @@ func TestOperatorHideFromSQL(t *testing.T) {
 	a, b, x := newUser(), newUser(), newUser()
 	ch := e.open(a, b)
 	var changed bool
-	if err := e.pool.QueryRow(context.Background(), `SELECT buzz.hide_dm($1, $2)`, b.pk, ch).Scan(&changed); err != nil || !changed {
+	if err := e.pool.QueryRow(context.Background(), `SELECT buzz.hide_dm($1, $2)`, b.PK, ch).Scan(&changed); err != nil || !changed {
 		t.Fatalf("hide_dm: %v %v", changed, err)
 	}
-	_ = e.pool.QueryRow(context.Background(), `SELECT buzz.hide_dm($1, $2)`, b.pk, ch).Scan(&changed)
+	_ = e.pool.QueryRow(context.Background(), `SELECT buzz.hide_dm($1, $2)`, b.PK, ch).Scan(&changed)
 	if changed {
 		t.Fatal("hiding twice reported a change")
 	}
 	e.assertAgree(b, 1)
-	if err := e.pool.QueryRow(context.Background(), `SELECT buzz.unhide_dm($1, $2)`, b.pk, ch).Scan(&changed); err != nil || !changed {
+	if err := e.pool.QueryRow(context.Background(), `SELECT buzz.unhide_dm($1, $2)`, b.PK, ch).Scan(&changed); err != nil || !changed {
 		t.Fatalf("unhide_dm: %v %v", changed, err)
 	}
 	e.assertAgree(b, 2)
 	// A raw UPDATE converges the same way: the trigger bumps the generation.
-	if _, err := e.pool.Exec(context.Background(), `UPDATE buzz.members SET hidden_at = now() WHERE channel_id=$1 AND pubkey=$2`, ch, b.pk); err != nil {
+	if _, err := e.pool.Exec(context.Background(), `UPDATE buzz.members SET hidden_at = now() WHERE channel_id=$1 AND pubkey=$2`, ch, b.PK); err != nil {
 		t.Fatal(err)
 	}
 	e.assertAgree(b, 3)
-	_, err := e.pool.Exec(context.Background(), `SELECT buzz.hide_dm($1, $2)`, x.pk, ch)
+	_, err := e.pool.Exec(context.Background(), `SELECT buzz.hide_dm($1, $2)`, x.PK, ch)
 	if err == nil || !strings.Contains(err.Error(), "restricted:") {
 		t.Fatalf("non-member hide_dm: %v", err)
 	}

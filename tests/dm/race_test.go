@@ -19,20 +19,20 @@ func TestRaceHideCommitsFirstIsCleared(t *testing.T) {
 	ch := e.open(a, b)
 	h, m := e.session("hide"), e.session("msg")
 
-	h.begin()
-	h.mustAccept(b.event(t, 41012, nostr.Tags{{"h", ch}}, ""))
-	m.begin()
+	h.Begin()
+	h.MustAccept(b.Event(t, 41012, nostr.Tags{{"h", ch}}, ""))
+	m.Begin()
 	var mok bool
 	var mmsg string
 	var merr error
-	done := async(func() { mok, mmsg, merr = m.accept(a.event(t, 9, nostr.Tags{{"h", ch}}, "")) })
-	if !e.waitBlockedOrDone(m.pid, done) {
+	done := async(func() { mok, mmsg, merr = m.Accept(a.Event(t, 9, nostr.Tags{{"h", ch}}, "")) })
+	if !e.waitBlockedOrDone(m.PID, done) {
 		t.Fatal("the message did not wait for the uncommitted hide")
 	}
-	h.commit()
+	h.Commit()
 	<-done
 	must(t, mok, mmsg, merr)
-	m.commit()
+	m.Commit()
 	if e.hidden(b, ch) {
 		t.Fatal("a hide that committed before the message was not cleared")
 	}
@@ -49,18 +49,18 @@ func TestRaceHideAfterMessageStays(t *testing.T) {
 	ch := e.open(a, b)
 	h, m := e.session("hide"), e.session("msg")
 
-	m.begin()
-	m.mustAccept(a.event(t, 9, nostr.Tags{{"h", ch}}, ""))
+	m.Begin()
+	m.MustAccept(a.Event(t, 9, nostr.Tags{{"h", ch}}, ""))
 	var commits atomic.Int64
 	var hideCommitOrder int64
 	done := async(func() {
-		h.begin()
-		h.mustAccept(b.event(t, 41012, nostr.Tags{{"h", ch}}, ""))
-		h.commit()
+		h.Begin()
+		h.MustAccept(b.Event(t, 41012, nostr.Tags{{"h", ch}}, ""))
+		h.Commit()
 		hideCommitOrder = commits.Add(1)
 	})
-	blocked := e.waitBlockedOrDone(h.pid, done)
-	m.commit()
+	blocked := e.waitBlockedOrDone(h.PID, done)
+	m.Commit()
 	msgCommitOrder := commits.Add(1)
 	<-done
 	if !blocked || hideCommitOrder < msgCommitOrder {
@@ -84,27 +84,27 @@ func TestRaceTwoMessagesOneHide(t *testing.T) {
 	var commits atomic.Int64
 	var hideAt, m2At int64
 
-	m1.begin()
-	m1.mustAccept(a.event(t, 9, nostr.Tags{{"h", ch}}, ""))
+	m1.Begin()
+	m1.MustAccept(a.Event(t, 9, nostr.Tags{{"h", ch}}, ""))
 	hDone := async(func() {
-		h.begin()
-		h.mustAccept(b.event(t, 41012, nostr.Tags{{"h", ch}}, ""))
-		h.commit()
+		h.Begin()
+		h.MustAccept(b.Event(t, 41012, nostr.Tags{{"h", ch}}, ""))
+		h.Commit()
 		hideAt = commits.Add(1)
 	})
-	if !e.waitBlockedOrDone(h.pid, hDone) {
+	if !e.waitBlockedOrDone(h.PID, hDone) {
 		t.Fatal("the hide did not wait for message 1")
 	}
 	m2Done := async(func() {
-		m2.begin()
-		m2.mustAccept(a.event(t, 40002, nostr.Tags{{"h", ch}}, ""))
-		m2.commit()
+		m2.Begin()
+		m2.MustAccept(a.Event(t, 40002, nostr.Tags{{"h", ch}}, ""))
+		m2.Commit()
 		m2At = commits.Add(1)
 	})
-	if !e.waitBlockedOrDone(m2.pid, m2Done) {
+	if !e.waitBlockedOrDone(m2.PID, m2Done) {
 		t.Fatal("message 2 did not wait for message 1")
 	}
-	m1.commit()
+	m1.Commit()
 	commits.Add(1)
 	<-hDone
 	<-m2Done
@@ -127,23 +127,23 @@ func TestRaceOpenOpenSameSet(t *testing.T) {
 	e := newEnv(t)
 	a, b := newUser(), newUser()
 	s1, s2 := e.session("open1"), e.session("open2")
-	s1.begin()
-	ok, msg1, err := s1.accept(a.event(t, 41010, nostr.Tags{{"p", b.pk}}, ""))
+	s1.Begin()
+	ok, msg1, err := s1.Accept(a.Event(t, 41010, nostr.Tags{{"p", b.PK}}, ""))
 	must(t, ok, msg1, err)
 	var msg2 string
-	s2.begin()
+	s2.Begin()
 	done := async(func() {
 		var ok bool
 		var err error
-		ok, msg2, err = s2.accept(b.event(t, 41010, nostr.Tags{{"p", a.pk}}, ""))
+		ok, msg2, err = s2.Accept(b.Event(t, 41010, nostr.Tags{{"p", a.PK}}, ""))
 		must(t, ok, msg2, err)
 	})
-	if !e.waitBlockedOrDone(s2.pid, done) {
+	if !e.waitBlockedOrDone(s2.PID, done) {
 		t.Fatal("the second open did not wait on the first (participant hash)")
 	}
-	s1.commit()
+	s1.Commit()
 	<-done
-	s2.commit()
+	s2.Commit()
 	r1, r2 := parseResponse(t, msg1), parseResponse(t, msg2)
 	if r1.ChannelID != r2.ChannelID || !r1.Created || r2.Created {
 		t.Fatalf("two opens of one set: %+v and %+v", r1, r2)

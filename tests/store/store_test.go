@@ -1,0 +1,323 @@
+// Package store tests buzz.accept_event's storage semantics (NIP-01 replacement, NIP-09, NIP-40)
+// directly against PostgreSQL, including races driven from two connections.
+package store
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/store"
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+type env struct {
+	t    *testing.T
+	url  string
+	pool *pgxpool.Pool
+}
+
+func newEnv(t *testing.T) *env {
+	url := testenv.DB(t)
+	return &env{t: t, url: url, pool: testenv.Pool(t, url)}
+}
+
+func (e *env) accept(ev *nostr.Event) (bool, string) {
+	e.t.Helper()
+	ok, msg, err := store.Accept(context.Background(), e.pool, ev)
+	if err != nil {
+		e.t.Fatalf("accept: %v", err)
+	}
+	return ok, msg
+}
+
+func (e *env) stored(id string) bool {
+	var n int
+	_ = e.pool.QueryRow(context.Background(), `SELECT count(*) FROM buzz.events WHERE id=$1`, id).Scan(&n)
+	return n == 1
+}
+
+// heads returns the ids stored for an address.
+func (e *env) heads(kind int, pubkey, d string) []string {
+	rows, _ := e.pool.Query(context.Background(),
+		`SELECT id FROM buzz.events WHERE kind=$1 AND pubkey=$2 AND coalesce(d_tag,'')=$3`, kind, pubkey, d)
+	var ids []string
+	for rows.Next() {
+		var id string
+		_ = rows.Scan(&id)
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+func expect(t *testing.T, ok bool, msg string, wantOK bool, prefix string) {
+	t.Helper()
+	if ok != wantOK || !strings.HasPrefix(msg, prefix) {
+		t.Fatalf("got OK %v %q, want %v %q...", ok, msg, wantOK, prefix)
+	}
+}
+
+func TestRegularAndDuplicate(t *testing.T) {
+	e := newEnv(t)
+	u := testenv.NewUser()
+	ev := u.Event(t, 1, nil, "hello")
+	ok, msg := e.accept(ev)
+	expect(t, ok, msg, true, "")
+	ok, msg = e.accept(ev)
+	expect(t, ok, msg, true, "duplicate:")
+	if !e.stored(ev.ID) {
+		t.Fatal("not stored")
+	}
+}
+
+func TestReplaceableNewerWinsOlderRejected(t *testing.T) {
+	e := newEnv(t)
+	u := testenv.NewUser()
+	now := nostr.Now()
+	for _, kind := range []int{0, 3, 10002} {
+		v1 := u.EventAt(t, kind, nil, "v1", now-10)
+		v2 := u.EventAt(t, kind, nil, "v2", now-5)
+		ok, msg := e.accept(v1)
+		expect(t, ok, msg, true, "")
+		ok, msg = e.accept(v2)
+		expect(t, ok, msg, true, "")
+		ok, msg = e.accept(u.EventAt(t, kind, nil, "v0", now-20))
+		expect(t, ok, msg, false, "duplicate: have newer")
+		if h := e.heads(kind, u.PK, ""); len(h) != 1 || h[0] != v2.ID {
+			t.Fatalf("kind %d heads %v, want [%s]", kind, h, v2.ID)
+		}
+	}
+}
+
+func TestAddressableKeyedByD(t *testing.T) {
+	e := newEnv(t)
+	u := testenv.NewUser()
+	now := nostr.Now()
+	a1 := u.EventAt(t, 30023, nostr.Tags{{"d", "a"}}, "a1", now-10)
+	b1 := u.EventAt(t, 30023, nostr.Tags{{"d", "b"}}, "b1", now-10)
+	a2 := u.EventAt(t, 30023, nostr.Tags{{"d", "a"}}, "a2", now-5)
+	for _, ev := range []*nostr.Event{a1, b1, a2} {
+		ok, msg := e.accept(ev)
+		expect(t, ok, msg, true, "")
+	}
+	if h := e.heads(30023, u.PK, "a"); len(h) != 1 || h[0] != a2.ID {
+		t.Fatalf("d=a heads %v", h)
+	}
+	if h := e.heads(30023, u.PK, "b"); len(h) != 1 || h[0] != b1.ID {
+		t.Fatalf("d=b heads %v", h)
+	}
+	// No d tag means d = "".
+	n1 := u.EventAt(t, 30023, nil, "n1", now-10)
+	ok, msg := e.accept(n1)
+	expect(t, ok, msg, true, "")
+	if h := e.heads(30023, u.PK, ""); len(h) != 1 {
+		t.Fatalf("empty d heads %v", h)
+	}
+}
+
+// pairSameSecond returns two versions with equal created_at, lower id first.
+func pairSameSecond(t *testing.T, u testenv.User, kind int, tags nostr.Tags) (low, high *nostr.Event) {
+	at := nostr.Now() - 3
+	x := u.EventAt(t, kind, tags, "x", at)
+	y := u.EventAt(t, kind, tags, "y", at)
+	if x.ID < y.ID {
+		return x, y
+	}
+	return y, x
+}
+
+func TestEqualCreatedAtKeepsLowestID(t *testing.T) {
+	e := newEnv(t)
+	for _, order := range []string{"low-first", "high-first"} {
+		u := testenv.NewUser()
+		low, high := pairSameSecond(t, u, 10000, nil)
+		first, second := low, high
+		if order == "high-first" {
+			first, second = high, low
+		}
+		ok, msg := e.accept(first)
+		expect(t, ok, msg, true, "")
+		ok, msg = e.accept(second)
+		if order == "low-first" {
+			expect(t, ok, msg, false, "duplicate: have newer")
+		} else {
+			expect(t, ok, msg, true, "")
+		}
+		if h := e.heads(10000, u.PK, ""); len(h) != 1 || h[0] != low.ID {
+			t.Fatalf("%s: heads %v, want lowest id %s", order, h, low.ID)
+		}
+	}
+}
+
+// Two writers of one address on two connections, started together: whichever commits first,
+// exactly one head remains and it is the NIP-01 winner.
+func TestReplaceableRaceTwoConnections(t *testing.T) {
+	e := newEnv(t)
+	for _, order := range []string{"winner-first", "loser-first"} {
+		u := testenv.NewUser()
+		low, high := pairSameSecond(t, u, 30000, nostr.Tags{{"d", "race"}})
+		first, second := low, high
+		if order == "loser-first" {
+			first, second = high, low
+		}
+		s1, s2 := testenv.NewSession(t, e.url, "w1"), testenv.NewSession(t, e.url, "w2")
+		s1.Begin()
+		s1.MustAccept(first)
+		s2.Begin()
+		var ok2 bool
+		var msg2 string
+		var err2 error
+		done := testenv.Async(func() { ok2, msg2, err2 = s2.Accept(second) })
+		if !testenv.WaitBlockedOrDone(t, e.pool, s2.PID, done) {
+			t.Fatalf("%s: the second writer did not wait for the first", order)
+		}
+		s1.Commit()
+		<-done
+		if err2 != nil {
+			t.Fatal(err2)
+		}
+		s2.Commit()
+		if order == "winner-first" && (ok2 || msg2 != "duplicate: have newer") {
+			t.Fatalf("loser after winner: %v %q", ok2, msg2)
+		}
+		if h := e.heads(30000, u.PK, "race"); len(h) != 1 || h[0] != low.ID {
+			t.Fatalf("%s: heads %v, want [%s]", order, h, low.ID)
+		}
+	}
+}
+
+func TestDeletionByID(t *testing.T) {
+	e := newEnv(t)
+	u, other := testenv.NewUser(), testenv.NewUser()
+	mine := u.Event(t, 1, nil, "delete me")
+	theirs := other.Event(t, 1, nil, "not yours")
+	e.accept(mine)
+	e.accept(theirs)
+	del := u.Event(t, 5, nostr.Tags{{"e", mine.ID}, {"e", theirs.ID}}, "")
+	ok, msg := e.accept(del)
+	expect(t, ok, msg, true, "")
+	if e.stored(mine.ID) {
+		t.Fatal("own event not deleted")
+	}
+	if !e.stored(theirs.ID) {
+		t.Fatal("someone else's event was deleted")
+	}
+	ok, msg = e.accept(mine)
+	expect(t, ok, msg, false, "blocked: deleted")
+	if e.stored(mine.ID) {
+		t.Fatal("a deleted id came back")
+	}
+	// Deleting an id not seen yet still keeps it out later.
+	future := u.Event(t, 1, nil, "later")
+	e.accept(u.Event(t, 5, nostr.Tags{{"e", future.ID}}, ""))
+	ok, msg = e.accept(future)
+	expect(t, ok, msg, false, "blocked: deleted")
+}
+
+func TestDeletionByAddressStopsAtCreatedAt(t *testing.T) {
+	e := newEnv(t)
+	u := testenv.NewUser()
+	now := nostr.Now()
+	old := u.EventAt(t, 30023, nostr.Tags{{"d", "post"}}, "old", now-100)
+	e.accept(old)
+	del := u.EventAt(t, 5, nostr.Tags{{"a", "30023:" + u.PK + ":post"}}, "", now-50)
+	ok, msg := e.accept(del)
+	expect(t, ok, msg, true, "")
+	if e.stored(old.ID) {
+		t.Fatal("a-deletion did not delete the older version")
+	}
+	ok, msg = e.accept(u.EventAt(t, 30023, nostr.Tags{{"d", "post"}}, "before deletion", now-60))
+	expect(t, ok, msg, false, "blocked: deleted")
+	newer := u.EventAt(t, 30023, nostr.Tags{{"d", "post"}}, "after deletion", now-10)
+	ok, msg = e.accept(newer)
+	expect(t, ok, msg, true, "")
+	if !e.stored(newer.ID) {
+		t.Fatal("a version newer than the deletion must be accepted")
+	}
+	// Someone else's a-deletion does nothing.
+	other := testenv.NewUser()
+	e.accept(other.Event(t, 5, nostr.Tags{{"a", "30023:" + u.PK + ":post"}}, ""))
+	if !e.stored(newer.ID) {
+		t.Fatal("another author deleted the address")
+	}
+}
+
+func TestExpiration(t *testing.T) {
+	e := newEnv(t)
+	u := testenv.NewUser()
+	now := nostr.Now()
+	ok, msg := e.accept(u.Event(t, 1, nostr.Tags{{"expiration", "1000"}}, "expired"))
+	expect(t, ok, msg, false, "invalid: expired")
+	ok, msg = e.accept(u.Event(t, 1, nostr.Tags{{"expiration", "soon"}}, "bad"))
+	expect(t, ok, msg, false, "invalid:")
+	live := u.Event(t, 1, nostr.Tags{{"expiration", strconv.FormatInt(int64(now+3600), 10)}}, "live")
+	ok, msg = e.accept(live)
+	expect(t, ok, msg, true, "")
+	var exp int64
+	_ = e.pool.QueryRow(context.Background(), `SELECT expires_at FROM buzz.events WHERE id=$1`, live.ID).Scan(&exp)
+	if exp != int64(now+3600) {
+		t.Fatalf("expires_at %d", exp)
+	}
+}
+
+func TestRejectionsChangeNothing(t *testing.T) {
+	e := newEnv(t)
+	u := testenv.NewUser()
+	cases := []struct {
+		ev     *nostr.Event
+		prefix string
+	}{
+		{u.EventAt(t, 1, nil, "future", nostr.Now()+3600), "invalid: created_at too far in future"},
+		{u.Event(t, 22242, nostr.Tags{{"challenge", "x"}}, ""), "invalid:"},
+		{u.Event(t, 30622, nostr.Tags{{"d", u.PK}, {"p", u.PK}}, ""), "restricted: relay-only kind"},
+		{u.Event(t, 1059, nil, "wrap without p"), "invalid:"},
+	}
+	for _, c := range cases {
+		ok, msg := e.accept(c.ev)
+		expect(t, ok, msg, false, c.prefix)
+		if e.stored(c.ev.ID) {
+			t.Fatalf("kind %d stored although rejected", c.ev.Kind)
+		}
+	}
+}
+
+func TestEphemeralNeverStored(t *testing.T) {
+	e := newEnv(t)
+	u := testenv.NewUser()
+	ev := u.Event(t, 20001, nil, "typing")
+	ok, msg := e.accept(ev)
+	expect(t, ok, msg, true, "")
+	if e.stored(ev.ID) {
+		t.Fatal("ephemeral event stored")
+	}
+}
+
+func TestReadScopes(t *testing.T) {
+	e := newEnv(t)
+	u, v := testenv.NewUser(), testenv.NewUser()
+	scope := func(id string) string {
+		var s, p string
+		_ = e.pool.QueryRow(context.Background(), `SELECT scope::text, coalesce(scope_p,'') FROM buzz.events WHERE id=$1`, id).Scan(&s, &p)
+		return s + p
+	}
+	pub := u.Event(t, 1, nil, "public")
+	wrap := u.Event(t, 1059, nostr.Tags{{"p", v.PK}}, "sealed")
+	rem := u.Event(t, 30300, nostr.Tags{{"d", "r1"}}, "enc")
+	for _, ev := range []*nostr.Event{pub, wrap, rem} {
+		ok, msg := e.accept(ev)
+		expect(t, ok, msg, true, "")
+	}
+	if scope(pub.ID) != "*" || scope(wrap.ID) != "p"+v.PK || scope(rem.ID) != "a" {
+		t.Fatalf("scopes: %q %q %q", scope(pub.ID), scope(wrap.ID), scope(rem.ID))
+	}
+	// A deletion of a gated event is served only to its author.
+	del := u.Event(t, 5, nostr.Tags{{"e", wrap.ID}}, "")
+	e.accept(del)
+	if scope(del.ID) != "a" {
+		t.Fatalf("deletion of a gated event has scope %q", scope(del.ID))
+	}
+}
