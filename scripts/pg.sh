@@ -10,7 +10,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PORT=${BUZZ_PGPORT:-54329}
 DB=${BUZZ_PGDATABASE:-buzzpg}
-DATA_LINK="$ROOT/.data/pg"
+# BUZZ_PGDATA puts a second cluster elsewhere (the chaos soak restarts its own PostgreSQL).
+DATA_LINK="${BUZZ_PGDATA:-$ROOT/.data/pg}"
 
 find_bindir() {
   if [ -n "${PG_BINDIR:-}" ] && [ -x "$PG_BINDIR/postgres" ]; then echo "$PG_BINDIR"; return; fi
@@ -40,13 +41,14 @@ as_pg() {
 }
 
 datadir() {
-  mkdir -p "$ROOT/.data"
+  local parent; parent=$(dirname "$DATA_LINK")
+  mkdir -p "$parent"
   if [ -L "$DATA_LINK" ] || [ -d "$DATA_LINK" ]; then readlink -f "$DATA_LINK"; return; fi
   local dir="$DATA_LINK"
-  if [ "$(id -u)" = 0 ] && ! runuser -u postgres -- test -x "$ROOT/.data" 2>/dev/null; then
+  if [ "$(id -u)" = 0 ] && ! runuser -u postgres -- test -x "$parent" 2>/dev/null; then
     # The checkout is not traversable by the postgres user (e.g. under a 0700 temp dir): keep the
     # cluster in a world-traversable place and link it.
-    local h; h=$(printf '%s' "$ROOT" | sha1sum | cut -c1-12)
+    local h; h=$(printf '%s' "$DATA_LINK" | sha1sum | cut -c1-12)
     dir="/var/tmp/buzzpg-$h/pg"
     mkdir -p "$dir"; chown -R postgres: "/var/tmp/buzzpg-$h"
     ln -sfn "$dir" "$DATA_LINK"
@@ -63,8 +65,8 @@ start() {
   ensure_binaries
   local bin dir; bin=$(find_bindir); dir=$(datadir)
   if [ ! -f "$dir/PG_VERSION" ]; then
-    as_pg "$bin/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$ROOT/.data/initdb.log" 2>&1 \
-      || { cat "$ROOT/.data/initdb.log" >&2; exit 1; }
+    as_pg "$bin/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$dir.initdb.log" 2>&1 \
+      || { cat "$dir.initdb.log" >&2; exit 1; }
     cat >>"$dir/postgresql.conf" <<CONF
 # buzzpg private cluster
 listen_addresses = '127.0.0.1'
