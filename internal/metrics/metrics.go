@@ -75,3 +75,23 @@ var (
 		Name: "buzz_reminder_due_delivered_total", Help: "Due signals handed to connections of this process.",
 	})
 )
+
+// Export every known label value from the start, so a scrape shows zeros instead of nothing and
+// rate() works from the first sample.
+func init() {
+	for _, v := range []string{"accepted", "duplicate", "invalid", "restricted", "blocked", "auth-required", "rate-limited", "error"} {
+		EventsAccepted.WithLabelValues(v)
+	}
+	for _, v := range []string{"published", "stale", "retry", "failed"} {
+		Publications.WithLabelValues(v)
+	}
+	for _, v := range []string{"claimed", "confirmed", "rolled_back", "lost", "recovered", "failed"} {
+		ReminderClaims.WithLabelValues(v)
+	}
+	for _, v := range []string{"insert", "ephemeral", "due"} {
+		FanoutDelivered.WithLabelValues(v)
+	}
+	for _, v := range []string{"EVENT", "REQ", "COUNT"} {
+		RateLimited.WithLabelValues(v)
+	}
+}

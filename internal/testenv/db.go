@@ -232,3 +232,19 @@ func DatabaseName(u string) string {
 	p, _ := url.Parse(u)
 	return strings.TrimPrefix(p.Path, "/")
 }
+
+// EmptyDB returns the URL of a new database with no buzz schema at all (for migration tests),
+// dropped afterwards.
+func EmptyDB(t testing.TB) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	name := dbName("buzz_f")
+	c := adminConn(ctx, t)
+	defer c.Close(ctx)
+	if _, err := c.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize()); err != nil {
+		t.Fatalf("testenv: create %s: %v", name, err)
+	}
+	t.Cleanup(func() { DropDB(t, name) })
+	return withDatabase(ServerURL(t), name)
+}

@@ -1,0 +1,201 @@
+// Package ops tests what an operator meets: startup, migrations, health, metrics, shutdown.
+package ops
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/buzzpg/buzzpg/internal/db"
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+// Five serve processes starting together on an empty database end with one applied schema.
+func TestConcurrentStartsApplyOneSchema(t *testing.T) {
+	url := testenv.EmptyDB(t)
+	key, _ := testenv.NewKey()
+	var wg sync.WaitGroup
+	relays := make([]*testenv.Relay, 5)
+	for i := range relays {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			relays[i] = testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: url, RelayKey: key})
+		}()
+	}
+	wg.Wait()
+	for i, r := range relays {
+		if r == nil {
+			t.Fatalf("relay %d did not start", i)
+		}
+	}
+	pool := testenv.Pool(t, url)
+	var n, version int
+	var dirty bool
+	if err := pool.QueryRow(context.Background(),
+		`SELECT count(*), max(version), bool_or(dirty) FROM `+db.MigrationsTable).Scan(&n, &version, &dirty); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 || uint(version) != db.LatestVersion() || dirty {
+		t.Fatalf("migrations table: %d rows, version %d (want %d), dirty %v", n, version, db.LatestVersion(), dirty)
+	}
+	var fns int
+	_ = pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname='buzz' AND p.proname='accept_event'`).Scan(&fns)
+	if fns != 1 {
+		t.Fatalf("accept_event defined %d times", fns)
+	}
+}
+
+func runBinary(t *testing.T, env []string, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(testenv.Binary(t), args...)
+	cmd.Env = append(os.Environ(), env...)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd = exec.CommandContext(ctx, cmd.Path, args...)
+	cmd.Env = append(os.Environ(), env...)
+	out, _ := cmd.CombinedOutput()
+	return string(out), cmd.ProcessState.ExitCode()
+}
+
+func TestStartupErrorsSayWhatToDo(t *testing.T) {
+	key, _ := testenv.NewKey()
+	good := testenv.DB(t)
+	cases := []struct {
+		name string
+		env  []string
+		want string
+	}{
+		{"no database url", []string{"DATABASE_URL=", "BUZZ_RELAY_KEY=" + key}, "DATABASE_URL is not set"},
+		{"bad key", []string{"DATABASE_URL=" + good, "BUZZ_RELAY_KEY=xyz"}, "must be 64 hex"},
+		{"no key", []string{"DATABASE_URL=" + good, "BUZZ_RELAY_KEY=", "BUZZ_RELAY_KEY_FILE="}, "buzzpg keygen"},
+		{"missing key file", []string{"DATABASE_URL=" + good, "BUZZ_RELAY_KEY=", "BUZZ_RELAY_KEY_FILE=/nonexistent/relay.key"}, "cannot read BUZZ_RELAY_KEY_FILE"},
+		{"unreachable database", []string{"DATABASE_URL=postgres://postgres@127.0.0.1:1/x?sslmode=disable&connect_timeout=2", "BUZZ_RELAY_KEY=" + key, "BUZZ_AUTO_MIGRATE=false"}, "cannot reach PostgreSQL"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			out, code := runBinary(t, append(c.env, "BUZZ_LISTEN=127.0.0.1:0"), "serve")
+			if code == 0 || !strings.Contains(out, c.want) {
+				t.Fatalf("exit %d, output does not say %q:\n%s", code, c.want, out)
+			}
+		})
+	}
+}
+
+func TestStartupRefusesDirtyOrMissingSchema(t *testing.T) {
+	key, _ := testenv.NewKey()
+	empty := testenv.EmptyDB(t)
+	out, code := runBinary(t, []string{"DATABASE_URL=" + empty, "BUZZ_RELAY_KEY=" + key, "BUZZ_AUTO_MIGRATE=false", "BUZZ_LISTEN=127.0.0.1:0"}, "serve")
+	if code == 0 || !strings.Contains(out, "migrate up") {
+		t.Fatalf("missing schema: exit %d:\n%s", code, out)
+	}
+	if out, code := runBinary(t, []string{"DATABASE_URL=" + empty}, "migrate", "up"); code != 0 {
+		t.Fatalf("migrate up: %s", out)
+	}
+	pool := testenv.Pool(t, empty)
+	if _, err := pool.Exec(context.Background(), `UPDATE `+db.MigrationsTable+` SET dirty = true`); err != nil {
+		t.Fatal(err)
+	}
+	out, code = runBinary(t, []string{"DATABASE_URL=" + empty, "BUZZ_RELAY_KEY=" + key, "BUZZ_LISTEN=127.0.0.1:0"}, "serve")
+	if code == 0 || !strings.Contains(out, "dirty") || !strings.Contains(out, "force") {
+		t.Fatalf("dirty schema: exit %d:\n%s", code, out)
+	}
+}
+
+func TestKeygen(t *testing.T) {
+	out, code := runBinary(t, nil, "keygen")
+	if code != 0 || !regexp.MustCompile(`^[0-9a-f]{64}\n$`).MatchString(out) {
+		t.Fatalf("keygen: %d %q", code, out)
+	}
+	file := filepath.Join(t.TempDir(), "relay.key")
+	if _, code := runBinary(t, nil, "keygen", "--out", file); code != 0 {
+		t.Fatal("keygen --out failed")
+	}
+	st, err := os.Stat(file)
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("key file: %v %v", st, err)
+	}
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestHealthReadyAndMetrics(t *testing.T) {
+	r := testenv.StartRelay(t, testenv.RelayOpts{})
+	if code, _ := get(t, r.HTTPURL+"/healthz"); code != 200 {
+		t.Fatalf("/healthz %d", code)
+	}
+	if code, body := get(t, r.HTTPURL+"/readyz"); code != 200 {
+		t.Fatalf("/readyz %d %s", code, body)
+	}
+	// Publish one event so the counters move, then scrape.
+	c := r.Connect(t)
+	u := testenv.NewUser()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Publish(ctx, *u.Event(t, 1, nil, "metrics")); err != nil {
+		t.Fatal(err)
+	}
+	code, body := get(t, r.HTTPURL+"/metrics")
+	if code != 200 {
+		t.Fatalf("/metrics %d", code)
+	}
+	for _, want := range []string{
+		`buzz_events_total{verdict="accepted"}`,
+		"buzz_connections",
+		"buzz_subscriptions",
+		"buzz_fanout_attached 1",
+		"buzz_visibility_pending_viewers",
+		"buzz_snapshot_publications_total",
+		"buzz_reminder_claims_total",
+		"buzz_accept_seconds_bucket",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}
+
+// SIGTERM: the process stops, drops its replication slot and its instance row.
+func TestGracefulShutdownDropsSlot(t *testing.T) {
+	url := testenv.DB(t)
+	r := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: url})
+	pool := testenv.Pool(t, url)
+	slots := func() int {
+		var n int
+		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'buzz_' || $1`, r.InstanceID).Scan(&n)
+		return n
+	}
+	if slots() != 1 {
+		t.Fatal("no slot while running")
+	}
+	r.Stop()
+	if code := r.Cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM", code)
+	}
+	if slots() != 0 {
+		t.Fatal("slot survived a graceful shutdown")
+	}
+	var n int
+	_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM buzz.instances WHERE instance_id=$1`, r.InstanceID).Scan(&n)
+	if n != 0 {
+		t.Fatal("instance row survived a graceful shutdown")
+	}
+}
