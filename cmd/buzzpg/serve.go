@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/buzzpg/buzzpg/internal/db"
+	"github.com/buzzpg/buzzpg/internal/metrics"
 	"github.com/buzzpg/buzzpg/listener"
 	"github.com/buzzpg/buzzpg/relay"
 )
@@ -154,6 +155,9 @@ func runServe(args []string) error {
 			failed <- fmt.Errorf("http: %w", err)
 		}
 	}()
+	if fanout != nil {
+		metrics.RegisterFanout(fanout.Ready, fanout.Lag)
+	}
 	log.Info("listening", "addr", addr, "relay_url", cfg.RelayURL, "relay_pubkey", pk, "relay", !cfg.NoRelay)
 
 	var runErr error

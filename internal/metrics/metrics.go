@@ -3,6 +3,8 @@
 package metrics
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 )
@@ -38,14 +40,8 @@ var (
 	FanoutDelivered = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "buzz_fanout_events_total", Help: "Events decoded from the replication stream, by source (insert, ephemeral, due).",
 	}, []string{"source"})
-	FanoutLagSeconds = promauto.NewGauge(prometheus.GaugeOpts{
-		Name: "buzz_fanout_lag_seconds", Help: "Now minus the commit time of the last transaction handed to connections.",
-	})
 	FanoutReconnects = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "buzz_fanout_reconnects_total", Help: "Replication stream reconnects.",
-	})
-	FanoutAttached = promauto.NewGauge(prometheus.GaugeOpts{
-		Name: "buzz_fanout_attached", Help: "1 while the replication stream is attached.",
 	})
 
 	// Visibility snapshots (outbox + fenced publisher).
@@ -94,4 +90,19 @@ func init() {
 	for _, v := range []string{"EVENT", "REQ", "COUNT"} {
 		RateLimited.WithLabelValues(v)
 	}
+}
+
+// RegisterFanout exports the replication stream's state, read at scrape time.
+func RegisterFanout(ready func() bool, lag func() time.Duration) {
+	promauto.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "buzz_fanout_attached", Help: "1 while the replication stream is attached.",
+	}, func() float64 {
+		if ready() {
+			return 1
+		}
+		return 0
+	})
+	promauto.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "buzz_fanout_lag_seconds", Help: "Now minus the commit time of the last transaction handed to connections.",
+	}, func() float64 { return lag().Seconds() })
 }

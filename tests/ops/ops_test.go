@@ -157,18 +157,20 @@ func TestHealthReadyAndMetrics(t *testing.T) {
 	if code != 200 {
 		t.Fatalf("/metrics %d", code)
 	}
+	// Sample lines (not HELP/TYPE comments) that must be present.
 	for _, want := range []string{
-		`buzz_events_total{verdict="accepted"}`,
-		"buzz_connections",
-		"buzz_subscriptions",
-		"buzz_fanout_attached 1",
-		"buzz_visibility_pending_viewers",
-		"buzz_snapshot_publications_total",
-		"buzz_reminder_claims_total",
-		"buzz_accept_seconds_bucket",
+		`(?m)^buzz_events_total\{verdict="accepted"\} [1-9]`,
+		`(?m)^buzz_connections [0-9]`,
+		`(?m)^buzz_subscriptions [0-9]`,
+		`(?m)^buzz_fanout_attached 1$`,
+		`(?m)^buzz_fanout_lag_seconds [0-9]`,
+		`(?m)^buzz_visibility_pending_viewers [0-9]`,
+		`(?m)^buzz_snapshot_publications_total\{outcome="published"\} [0-9]`,
+		`(?m)^buzz_reminder_claims_total\{outcome="confirmed"\} [0-9]`,
+		`(?m)^buzz_accept_seconds_bucket\{le="[^"]+"\} [1-9]`,
 	} {
-		if !strings.Contains(body, want) {
-			t.Errorf("/metrics lacks %q", want)
+		if !regexp.MustCompile(want).MatchString(body) {
+			t.Errorf("/metrics has no sample matching %s", want)
 		}
 	}
 }
