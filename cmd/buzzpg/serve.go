@@ -88,6 +88,12 @@ func runServe(args []string) error {
 			MaxFutureSeconds: cfg.MaxFutureSeconds,
 			QueryTimeout:     cfg.QueryTimeout,
 			ReminderHorizon:  cfg.ReminderHorizon,
+			EventRate:        cfg.EventRate,
+			EventBurst:       cfg.EventBurst,
+			ReqRate:          cfg.ReqRate,
+			ReqBurst:         cfg.ReqBurst,
+			IPEventRate:      cfg.IPEventRate,
+			IPReqRate:        cfg.IPReqRate,
 			Logger:           log.With("component", "relay"),
 		}, accept, query)
 		if err != nil {
