@@ -66,3 +66,18 @@ vet:
 
 clean:
 	rm -rf bin
+
+# Load tool: a fresh database on the private cluster, two `buzzpg serve` processes of bin/buzzpg,
+# the standard scenario set (about 3 minutes); tables on stdout, JSON in $(BENCH_JSON).
+BENCH_JSON ?= bin/bench-results.json
+bench: db-start build
+	$(BIN) bench standard --spawn 2 --fresh --database-url "$(DB_URL)" --json $(BENCH_JSON)
+
+# Chaos soak on its own second PostgreSQL cluster: CHAOS_DURATION (default 5m) of faults, then the
+# checker. CHAOS_SEED=<n> replays a schedule; CHAOS_KEEP=1 keeps tests/testdata/chaos-*/ logs.
+CHAOS_DURATION ?= 5m
+CHAOS_TIMEOUT ?= 60m
+chaos: $(TEST_BIN)
+	BUZZ_BIN=$(CURDIR)/$(TEST_BIN) BUZZ_BUILD_TAGS='$(TEST_TAGS)' BUZZ_CHAOS_DURATION=$(CHAOS_DURATION) \
+	  $(if $(CHAOS_SEED),BUZZ_CHAOS_SEED=$(CHAOS_SEED)) $(if $(CHAOS_KEEP),BUZZ_CHAOS_KEEP=1) \
+	  $(GO) test -tags '$(TEST_TAGS)' -count=1 -v -run '^TestChaosSoak$$' -timeout $(CHAOS_TIMEOUT) ./tests/chaos/

@@ -1,7 +1,323 @@
 package main
 
-import "errors"
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/bench"
+	"github.com/buzzpg/buzzpg/internal/db"
+)
+
+const benchUsage = `usage: buzzpg bench SCENARIO [flags]
+
+scenarios:
+  ingest     kind 1 from --conns connections (pre-signed), closed loop; baseline accept_event on as many connections
+  dm         DM messages: hot path (no hides) and a mix with hides and resurfacing; baseline accept_event
+  converge   resurfacing message OK -> the viewer's live 30622; baseline accept+source+sign+publish in SQL (--relay-key)
+  reminders  a burst of --n reminders due in the same second; lateness; baseline claim+confirm in SQL
+  fanout     publish on the first --relay, receive on the last; ramp (or --rate) to the highest rate that keeps up
+  all        every scenario above with the given flags
+  standard   the set ` + "`make bench`" + ` runs, each scenario with its own sizes (about 3 minutes)
+
+flags:
+`
+
+type relayList []string
+
+func (r *relayList) String() string     { return strings.Join(*r, ",") }
+func (r *relayList) Set(v string) error { *r = append(*r, v); return nil }
 
 func runBench(args []string) error {
-	return errors.New("bench: not built yet")
+	scenario := ""
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		scenario, args = args[0], args[1:]
+	}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	var relays relayList
+	fs.Var(&relays, "relay", "relay WebSocket URL (repeatable; fanout publishes on the first, subscribes on the last)")
+	dbURL := fs.String("database-url", envStr("DATABASE_URL", ""), "PostgreSQL URL for setup and baselines (DATABASE_URL)")
+	relayKey := fs.String("relay-key", envStr("BUZZ_RELAY_KEY", ""), "the relays' secret key, hex (converge baseline; BUZZ_RELAY_KEY)")
+	relayKeyFile := fs.String("relay-key-file", envStr("BUZZ_RELAY_KEY_FILE", ""), "file holding the relays' secret key")
+	dur := fs.Duration("duration", 10*time.Second, "how long each timed run lasts at most")
+	conns := fs.Int("conns", 8, "client connections (and pool connections of the baseline)")
+	rate := fs.Float64("rate", 0, "target total rate per second (0: closed loop as fast as it goes; fanout: ramp)")
+	n := fs.Int("n", 20000, "events (reminders) to pre-sign: an upper bound on one run")
+	jsonOut := fs.String("json", "", "also write the results as JSON to this file")
+	spawn := fs.Int("spawn", 0, "start this many `buzzpg serve` processes (on loopback) and bench them instead of --relay")
+	fresh := fs.Bool("fresh", false, "with --spawn: create a fresh database on the --database-url server, drop it afterwards")
+	quiet := fs.Bool("quiet", false, "no progress lines")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), benchUsage)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if scenario == "" && fs.NArg() > 0 {
+		scenario = fs.Arg(0)
+	}
+	if scenario == "" {
+		fs.Usage()
+		return fmt.Errorf("no scenario given")
+	}
+	if *relayKey == "" && *relayKeyFile != "" {
+		sk, _, err := loadRelayKey("", *relayKeyFile)
+		if err != nil {
+			return err
+		}
+		*relayKey = sk
+	}
+	logf := func(format string, a ...any) {
+		if !*quiet {
+			fmt.Fprintf(os.Stderr, "bench: "+format+"\n", a...)
+		}
+	}
+	if *conns < 1 {
+		return fmt.Errorf("--conns must be at least 1")
+	}
+
+	if *spawn > 0 {
+		cleanup, urls, dbu, key, err := spawnRelays(*spawn, *dbURL, *fresh, *relayKey, logf)
+		if cleanup != nil {
+			defer cleanup()
+		}
+		if err != nil {
+			return err
+		}
+		relays, *dbURL, *relayKey = urls, dbu, key
+	}
+	if len(relays) == 0 {
+		return fmt.Errorf("no relay: give --relay ws://HOST:PORT (repeatable) or --spawn N")
+	}
+	for _, r := range relays {
+		if err := loopbackOnly(r); err != nil {
+			return err
+		}
+	}
+	base := bench.Config{Relays: relays, DatabaseURL: *dbURL, RelayKey: *relayKey, Duration: *dur,
+		Conns: *conns, Rate: *rate, N: *n, Logf: logf}
+
+	type step struct {
+		name string
+		cfg  bench.Config
+	}
+	var steps []step
+	switch scenario {
+	case "ingest", "dm", "converge", "reminders", "fanout":
+		steps = []step{{scenario, base}}
+	case "all":
+		for _, s := range []string{"ingest", "dm", "converge", "reminders", "fanout"} {
+			steps = append(steps, step{s, base})
+		}
+	case "standard":
+		with := func(d time.Duration, c, n int) bench.Config {
+			x := base
+			x.Duration, x.Conns, x.N, x.Rate = d, c, n, 0
+			return x
+		}
+		steps = []step{
+			{"ingest", with(15*time.Second, 16, 40000)},
+			{"dm", with(10*time.Second, 8, 16000)},
+			{"converge", with(15*time.Second, 8, 100000)},
+			{"reminders", with(0, 8, 2000)},
+			{"fanout", with(4*time.Second, 4, 40000)},
+		}
+	default:
+		fs.Usage()
+		return fmt.Errorf("unknown scenario %q", scenario)
+	}
+
+	host, _ := os.Hostname()
+	env := map[string]string{"host": host, "cpus": fmt.Sprint(runtime.NumCPU()), "go": runtime.Version(),
+		"date": time.Now().UTC().Format("2006-01-02"), "relays": strings.Join(relays, " ")}
+	if sv := serverVersion(*dbURL); sv != "" {
+		env["postgres"] = sv
+	}
+	var results []*bench.Result
+	var failed []string
+	for _, s := range steps {
+		cfg := s.cfg
+		var rs []*bench.Result
+		var err error
+		switch s.name {
+		case "ingest":
+			var r *bench.Result
+			r, err = bench.Ingest(&cfg)
+			rs = []*bench.Result{r}
+		case "dm":
+			rs, err = bench.DM(&cfg)
+		case "converge":
+			var r *bench.Result
+			r, err = bench.Converge(&cfg)
+			rs = []*bench.Result{r}
+		case "reminders":
+			var r *bench.Result
+			r, err = bench.Reminders(&cfg)
+			rs = []*bench.Result{r}
+		case "fanout":
+			var r *bench.Result
+			r, err = bench.Fanout(&cfg)
+			rs = []*bench.Result{r}
+		}
+		if err != nil {
+			failed = append(failed, fmt.Sprintf("%s: %v", s.name, err))
+			fmt.Fprintf(os.Stderr, "bench %s failed: %v\n", s.name, err)
+			continue
+		}
+		for _, r := range rs {
+			r.Env = env
+			r.Print(os.Stdout)
+			results = append(results, r)
+		}
+	}
+	fmt.Printf("\nmachine: %s, %s CPUs, %s, PostgreSQL %s, %s\n", env["host"], env["cpus"], env["go"], env["postgres"], env["date"])
+	if *jsonOut != "" {
+		if err := bench.WriteJSON(*jsonOut, results); err != nil {
+			return err
+		}
+		fmt.Printf("results written to %s\n", *jsonOut)
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("%d scenario(s) failed: %s", len(failed), strings.Join(failed, "; "))
+	}
+	return nil
+}
+
+// loopbackOnly keeps the load tool pointed at this machine.
+func loopbackOnly(u string) error {
+	p, err := url.Parse(u)
+	if err != nil {
+		return fmt.Errorf("bad relay URL %q: %v", u, err)
+	}
+	h := p.Hostname()
+	if h != "localhost" && !strings.HasPrefix(h, "127.") && h != "::1" {
+		return fmt.Errorf("relay %s is not on loopback: buzzpg bench only drives relays on this machine", u)
+	}
+	return nil
+}
+
+func serverVersion(u string) string {
+	if u == "" {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, u)
+	if err != nil {
+		return ""
+	}
+	defer c.Close(ctx)
+	var v string
+	_ = c.QueryRow(ctx, `SHOW server_version`).Scan(&v)
+	return v
+}
+
+// spawnRelays starts n `buzzpg serve` processes of this binary on loopback. With fresh it first
+// creates a new database on the server of dbURL (dropped again by cleanup).
+func spawnRelays(n int, dbURL string, fresh bool, key string, logf func(string, ...any)) (cleanup func(), urls []string, dbu, relayKey string, err error) {
+	if dbURL == "" {
+		return nil, nil, "", "", fmt.Errorf("--spawn needs --database-url (or DATABASE_URL)")
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		return nil, nil, "", "", err
+	}
+	var cleanups []func()
+	cleanup = func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+	}
+	dbu = dbURL
+	if fresh {
+		name := fmt.Sprintf("buzz_bench_%d", time.Now().Unix())
+		if dbu, err = createDatabase(dbURL, name); err != nil {
+			return cleanup, nil, "", "", err
+		}
+		logf("fresh database %s", name)
+		cleanups = append(cleanups, func() { dropDatabase(dbURL, name) })
+		if err = db.MigrateUp(dbu, nil); err != nil {
+			return cleanup, nil, "", "", err
+		}
+	}
+	relayKey = key
+	if relayKey == "" {
+		relayKey = nostr.GeneratePrivateKey()
+	}
+	logDir, err := os.MkdirTemp("", "buzzpg-bench-")
+	if err != nil {
+		return cleanup, nil, "", "", err
+	}
+	var procs []*bench.Proc
+	cleanups = append(cleanups, func() {
+		for _, p := range procs {
+			p.Stop(15 * time.Second)
+		}
+	})
+	for i := 0; i < n; i++ {
+		inst := fmt.Sprintf("bench%d_%d", i, os.Getpid())
+		p, err := bench.StartServe(bench.ProcOpts{Bin: bin, DatabaseURL: dbu, RelayKey: relayKey, InstanceID: inst,
+			LogPath: filepath.Join(logDir, inst+".log"), LogLevel: "info"}, 60*time.Second)
+		if err != nil {
+			return cleanup, nil, "", "", err
+		}
+		procs = append(procs, p)
+		urls = append(urls, p.URL)
+		logf("started buzzpg serve %s on %s (log %s)", inst, p.URL, p.Opts.LogPath)
+	}
+	return cleanup, urls, dbu, relayKey, nil
+}
+
+func withDB(u, name string) (string, error) {
+	p, err := url.Parse(u)
+	if err != nil {
+		return "", err
+	}
+	p.Path = "/" + name
+	return p.String(), nil
+}
+
+func createDatabase(serverURL, name string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, serverURL)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close(ctx)
+	if _, err := c.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize()); err != nil {
+		return "", err
+	}
+	return withDB(serverURL, name)
+}
+
+func dropDatabase(serverURL, name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, serverURL)
+	if err != nil {
+		return
+	}
+	defer c.Close(ctx)
+	_, _ = c.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database=$1 AND active_pid IS NOT NULL`, name)
+	for i := 0; i < 50; i++ {
+		_, _ = c.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database=$1 AND NOT active`, name)
+		var left int
+		_ = c.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE database=$1`, name).Scan(&left)
+		if left == 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	_, _ = c.Exec(ctx, `DROP DATABASE IF EXISTS `+pgx.Identifier{name}.Sanitize()+` WITH (FORCE)`)
 }

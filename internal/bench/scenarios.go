@@ -1,0 +1,634 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nbd-wtf/go-nostr"
+)
+
+func runTag() string { return strconv.FormatInt(time.Now().UnixNano()%1e12, 36) }
+
+func newResult(name string, cfg *Config) *Result {
+	return &Result{Scenario: name, Started: time.Now(), Relays: cfg.Relays, Extra: map[string]any{}}
+}
+
+// Ingest: kind 1 events, pre-signed, published closed loop (one EVENT in flight per connection)
+// from cfg.Conns connections spread over the relays. Baseline: buzz.accept_event called from Go
+// on cfg.Conns pool connections with a second set of pre-signed events of the same shape.
+func Ingest(cfg *Config) (*Result, error) {
+	res := newResult("ingest", cfg)
+	n := cfg.N
+	if cfg.Rate > 0 && int(cfg.Rate*cfg.Duration.Seconds()) < n {
+		n = int(cfg.Rate * cfg.Duration.Seconds())
+	}
+	tag := runTag()
+	users := make([]User, cfg.Conns)
+	for i := range users {
+		users[i] = NewUser()
+	}
+	mk := func(prefix string) [][]*nostr.Event {
+		flat := signParallel(n, func(i int) *nostr.Event {
+			return users[i%cfg.Conns].Sign(1, nostr.Tags{{"t", "bench-" + tag}}, fmt.Sprintf("%s %s %d", prefix, tag, i))
+		})
+		return split(flat, cfg.Conns)
+	}
+	cfg.logf("ingest: pre-signing %d + %d events", n, n)
+	relayEvs, sqlEvs := mk("relay"), mk("sql")
+
+	cs, err := dialAll(cfg.Relays, cfg.Conns, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	cfg.logf("ingest: relay run (%d conns, %s)", cfg.Conns, cfg.Duration)
+	row := runWorkers(counts(relayEvs), cfg.Rate, cfg.Duration, publishJob(cs, relayEvs))
+	closeAll(cs)
+	row.Name, row.Conns = "kind 1 via relay", cfg.Conns
+	res.Rows = append(res.Rows, row)
+
+	pool, err := openPool(cfg, cfg.Conns)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	cfg.logf("ingest: SQL baseline (%d conns)", cfg.Conns)
+	base := runWorkers(counts(sqlEvs), cfg.Rate, cfg.Duration, sqlJob(pool, marshalAll(sqlEvs)))
+	base.Name, base.Conns, base.Baseline = "buzz.accept_event kind 1", cfg.Conns, true
+	res.Rows = append(res.Rows, base)
+	res.Ratio = ratio(row.Rate, base.Rate)
+	res.RatioWhat = fmt.Sprintf("relay rate / accept_event rate, both with %d concurrent connections", cfg.Conns)
+	return res, nil
+}
+
+// DM: kind 9 messages in DMs. "hot": nobody hides (the path every chat message takes). "mix":
+// per DM a repeating cycle of 10 events: 2 hides (41012), 2 messages that resurface the other
+// member's hide, 6 plain messages. Each DM's events go in order through one connection.
+// Baseline: the same shapes on other DMs through buzz.accept_event on as many pool connections.
+func DM(cfg *Config) ([]*Result, error) {
+	pool, err := openPool(cfg, cfg.Conns+2)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	pairsPerWorker := 2
+	np := cfg.Conns * pairsPerWorker
+	cfg.logf("dm: opening %d DMs (setup)", 4*np)
+	sets := make([][]dmPair, 4)
+	for i := range sets {
+		if sets[i], err = openPairs(pool, np); err != nil {
+			return nil, err
+		}
+	}
+	perWorker := cfg.N / cfg.Conns
+	if perWorker < 10 {
+		perWorker = 10
+	}
+	// build: worker w owns pairs w*pairsPerWorker.. and interleaves them.
+	build := func(pairs []dmPair, mix bool) [][]*nostr.Event {
+		out := make([][]*nostr.Event, cfg.Conns)
+		var wg sync.WaitGroup
+		for w := 0; w < cfg.Conns; w++ {
+			wg.Add(1)
+			go func(w int) {
+				defer wg.Done()
+				for k := 0; k < perWorker; k++ {
+					p := pairs[w*pairsPerWorker+k%pairsPerWorker]
+					step := (k / pairsPerWorker) % 10
+					h := nostr.Tags{{"h", p.Ch}}
+					var ev *nostr.Event
+					switch {
+					case mix && step == 0:
+						ev = p.B.Sign(41012, h, "")
+					case mix && step == 5:
+						ev = p.A.Sign(41012, h, "")
+					case step%2 == 1:
+						ev = p.A.Sign(9, h, "hello "+strconv.Itoa(k))
+					default:
+						ev = p.B.Sign(9, h, "hi "+strconv.Itoa(k))
+					}
+					out[w] = append(out[w], ev)
+				}
+			}(w)
+		}
+		wg.Wait()
+		return out
+	}
+	cfg.logf("dm: pre-signing %d events", 4*perWorker*cfg.Conns)
+	hotR, hotS, mixR, mixS := build(sets[0], false), build(sets[1], false), build(sets[2], true), build(sets[3], true)
+
+	run := func(name string, relayEvs, sqlEvs [][]*nostr.Event, what string) (*Result, error) {
+		res := newResult(name, cfg)
+		cs, err := dialAll(cfg.Relays, cfg.Conns, nil, nil)
+		if err != nil {
+			return nil, err
+		}
+		cfg.logf("%s: relay run", name)
+		row := runWorkers(counts(relayEvs), cfg.Rate, cfg.Duration, publishJob(cs, relayEvs))
+		closeAll(cs)
+		row.Name, row.Conns = what+" via relay", cfg.Conns
+		cfg.logf("%s: SQL baseline", name)
+		base := runWorkers(counts(sqlEvs), cfg.Rate, cfg.Duration, sqlJob(pool, marshalAll(sqlEvs)))
+		base.Name, base.Conns, base.Baseline = "buzz.accept_event "+what, cfg.Conns, true
+		res.Rows = append(res.Rows, row, base)
+		res.Ratio = ratio(row.Rate, base.Rate)
+		res.RatioWhat = fmt.Sprintf("relay rate / accept_event rate, both with %d concurrent connections", cfg.Conns)
+		return res, nil
+	}
+	hot, err := run("dm-hot", hotR, hotS, "kind 9, no hides")
+	if err != nil {
+		return nil, err
+	}
+	mix, err := run("dm-mix", mixR, mixS, "20% hide, 20% resurfacing")
+	if err != nil {
+		return nil, err
+	}
+	mix.Notes = append(mix.Notes, "mix: per DM a cycle of 10 events (2 hides, 2 resurfacing messages, 6 plain); every hide and resurfacing message also makes the listeners publish a 30622")
+	return []*Result{hot, mix}, nil
+}
+
+// snapSink collects one viewer's live 30622 snapshots (hidden channel sets).
+type snapSink struct {
+	ch chan snapRecv
+}
+
+type snapRecv struct {
+	hidden map[string]bool
+	at     time.Time
+}
+
+func (s *snapSink) wait(pred func(map[string]bool) bool, timeout time.Duration) (time.Time, bool) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	for {
+		select {
+		case r := <-s.ch:
+			if pred(r.hidden) {
+				return r.at, true
+			}
+		case <-t.C:
+			return time.Time{}, false
+		}
+	}
+}
+
+func hiddenSet(ev *nostr.Event) map[string]bool {
+	m := map[string]bool{}
+	for _, t := range ev.Tags {
+		if len(t) >= 2 && t[0] == "h" {
+			m[t[1]] = true
+		}
+	}
+	return m
+}
+
+// Converge: a viewer hides its DM and waits for its snapshot to list it; then the other member
+// sends a message (which resurfaces the DM for the viewer) and we measure from that message's OK
+// to the viewer's live 30622 without the DM. Viewers read on the first relay, senders publish on
+// the last (another process when there are two). cfg.Conns pairs run concurrently.
+// Baseline (needs --relay-key): the same chain done directly in SQL from Go: accept_event(message),
+// buzz.visibility_source, sign, buzz.publish_visibility_snapshot -- the listener's work without
+// queueing, replication and the WebSocket hops; one pool connection per pair.
+func Converge(cfg *Config) (*Result, error) {
+	res := newResult("converge", cfg)
+	relayPK, err := RelayPubkey(cfg.Relays[0])
+	if err != nil {
+		return nil, err
+	}
+	pool, err := openPool(cfg, cfg.Conns+2)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	k := cfg.Conns
+	pairs, err := openPairs(pool, k)
+	if err != nil {
+		return nil, err
+	}
+	sinks := make([]*snapSink, k)
+	for i := range sinks {
+		sinks[i] = &snapSink{ch: make(chan snapRecv, 4096)}
+	}
+	viewers, err := dialAll(cfg.Relays[:1], k, func(i int) string { return pairs[i].B.SK }, func(i int) Handlers {
+		return Handlers{OnEvent: func(sub string, ev *nostr.Event, _ []byte, at time.Time) {
+			if ev.Kind == 30622 {
+				select {
+				case sinks[i].ch <- snapRecv{hiddenSet(ev), at}:
+				default:
+				}
+			}
+		}}
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll(viewers)
+	senders, err := dialAll(cfg.Relays[len(cfg.Relays)-1:], k, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll(senders)
+	for i, v := range viewers {
+		f := nostr.Filter{Kinds: []int{30622}, Authors: []string{relayPK}, Tags: nostr.TagMap{"p": {pairs[i].B.PK}}}
+		if err := v.Req("snap", 10*time.Second, f); err != nil {
+			return nil, err
+		}
+	}
+	iters := cfg.N / k
+	if iters < 1 {
+		iters = 1
+	}
+	// A viewer's snapshots need strictly increasing created_at at most 10 s ahead of the clock
+	// (PROTOCOL.md), so one viewer sustains about one snapshot per second; each round trip makes
+	// two. Unless --rate says otherwise, pace every pair to one round trip per 2.2 s so the figure
+	// is the pipeline's latency, not the clock's.
+	rate := cfg.Rate
+	if rate <= 0 {
+		rate = float64(k) / 2.2
+	}
+	var hideLat Latencies
+	var hideErrs Errors
+	perWorker := make([]int, k)
+	for i := range perWorker {
+		perWorker[i] = iters
+	}
+	cfg.logf("converge: %d pairs, relay run", k)
+	row := runWorkers(perWorker, rate, cfg.Duration, func(w, it int) (time.Duration, string, bool) {
+		p, s := pairs[w], sinks[w]
+		hide := p.B.Sign(41012, nostr.Tags{{"h", p.Ch}}, "")
+		o, err := viewers[w].Publish(hide, 30*time.Second)
+		if err != nil || !o.OK {
+			hideErrs.Add(fmt.Sprintf("%v%s", err, o.Msg))
+			return 0, "hide failed", false
+		}
+		at, ok := s.wait(func(h map[string]bool) bool { return h[p.Ch] }, 30*time.Second)
+		if !ok {
+			hideErrs.Add("timeout: no snapshot with the hide")
+			return 0, "timeout: hide snapshot", true
+		}
+		hideLat.Add(at.Sub(o.At))
+		msg := p.A.Sign(9, nostr.Tags{{"h", p.Ch}}, "resurface "+strconv.Itoa(it))
+		o, err = senders[w].Publish(msg, 30*time.Second)
+		if err != nil || !o.OK {
+			return 0, fmt.Sprintf("%v%s", err, o.Msg), err == nil
+		}
+		at, ok = s.wait(func(h map[string]bool) bool { return !h[p.Ch] }, 30*time.Second)
+		if !ok {
+			return 30 * time.Second, "timeout: no resurfaced snapshot", true
+		}
+		lat := at.Sub(o.At)
+		if lat < 0 {
+			lat = 0
+		}
+		return lat, "", true
+	})
+	row.Name, row.Conns = "message OK -> live 30622", k
+	row.Note = fmt.Sprintf("paced to %.1f round trips/s in all (hide, its snapshot, message, its snapshot); a viewer sustains ~1 snapshot/s", rate)
+	hs := hideLat.Summary()
+	res.Rows = append(res.Rows, row, Row{Name: "hide OK -> live 30622", Conns: k, Count: hs.N, Latency: hs, Errors: hideErrs.Map()})
+
+	if cfg.RelayKey == "" {
+		res.Notes = append(res.Notes, "no --relay-key: SQL baseline skipped")
+		return res, nil
+	}
+	bpairs, err := openPairs(pool, k)
+	if err != nil {
+		return nil, err
+	}
+	cfg.logf("converge: SQL baseline")
+	var stale, retries atomic.Int64
+	var accLat, pubLat Latencies
+	base := runWorkers(perWorker, rate, cfg.Duration, func(w, it int) (time.Duration, string, bool) {
+		p := bpairs[w]
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		hide, _ := json.Marshal(p.B.Sign(41012, nostr.Tags{{"h", p.Ch}}, ""))
+		if _, err := pool.Exec(ctx, `SELECT buzz.accept_event($1::jsonb)`, string(hide)); err != nil {
+			return 0, "error: " + err.Error(), true
+		}
+		msg, _ := json.Marshal(p.A.Sign(9, nostr.Tags{{"h", p.Ch}}, "resurface "+strconv.Itoa(it)))
+		t0 := time.Now()
+		// One transaction: the message's generation bump keeps the viewer's state row locked until
+		// our publication commits, so no relay listener races this chain.
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return 0, "error: " + err.Error(), true
+		}
+		defer tx.Rollback(ctx)
+		if _, err := tx.Exec(ctx, `SELECT buzz.accept_event($1::jsonb)`, string(msg)); err != nil {
+			return 0, "error: " + err.Error(), true
+		}
+		t1 := time.Now()
+		accLat.Add(t1.Sub(t0))
+		out, n, err := publishDirect(ctx, tx, cfg.RelayKey, relayPK, p.B.PK)
+		retries.Add(int64(n))
+		if err != nil {
+			return 0, "error: " + err.Error(), true
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return 0, "error: " + err.Error(), true
+		}
+		pubLat.Add(time.Since(t1))
+		if out != "published" {
+			stale.Add(1)
+		}
+		return time.Since(t0), "", true
+	})
+	base.Name, base.Conns, base.Baseline = "accept+source+sign+publish", k, true
+	base.Note = fmt.Sprintf("one transaction per chain; accept p50 %.1f ms, source+sign+publish+commit p50 %.1f ms; %d of %d not 'published', %d 'retry' (waited for the clock)",
+		accLat.Summary().P50ms, pubLat.Summary().P50ms, stale.Load(), base.Count, retries.Load())
+	res.Rows = append(res.Rows, base)
+	res.Ratio = ratio(row.Latency.P50ms, base.Latency.P50ms)
+	res.RatioWhat = "relay p50 (message OK -> live snapshot) / SQL p50 (accept message -> snapshot published)"
+	return res, nil
+}
+
+// publishDirect does what the listener does for one viewer: one consistent read, build and sign
+// the 30622 with the relay key, fenced publish; 'retry' re-reads (created_at floor moved).
+func publishDirect(ctx context.Context, pool interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, relaySK, relayPK, viewer string) (string, int, error) {
+	for try := 0; try < 50; try++ {
+		var gen, floor, now int64
+		var hidden []string
+		err := pool.QueryRow(ctx, `SELECT s.generation, s.hidden::text[], s.created_at_floor, buzz.now_unix()
+		                             FROM buzz.visibility_source($1) s`, viewer).Scan(&gen, &hidden, &floor, &now)
+		if err != nil {
+			return "", try, err
+		}
+		created := now
+		if floor+1 > created {
+			created = floor + 1
+		}
+		tags := nostr.Tags{{"d", viewer}, {"p", viewer}}
+		sort.Strings(hidden)
+		for _, h := range hidden {
+			tags = append(tags, nostr.Tag{"h", h})
+		}
+		ev := &nostr.Event{Kind: 30622, CreatedAt: nostr.Timestamp(created), Tags: tags, Content: ""}
+		if err := ev.Sign(relaySK); err != nil {
+			return "", try, err
+		}
+		if ev.PubKey != relayPK {
+			return "", try, fmt.Errorf("--relay-key is not the key of the relays (NIP-11 pubkey %s)", relayPK)
+		}
+		raw, _ := json.Marshal(ev)
+		var out string
+		if err := pool.QueryRow(ctx, `SELECT buzz.publish_visibility_snapshot($1, $2, $3::jsonb)`, viewer, gen, string(raw)).Scan(&out); err != nil {
+			return "", try, err
+		}
+		if out != "retry" {
+			return out, try, nil
+		}
+		time.Sleep(50 * time.Millisecond) // the floor is ahead of the clock: wait for it
+	}
+	return "", 50, fmt.Errorf("publish kept answering retry")
+}
+
+// Reminders: cfg.N reminders (kind 30300) from cfg.Conns authors, all with the same not_before a
+// few seconds ahead; each author has a subscription that only due signals can match (since far in
+// the future: due delivery ignores since/until). Lateness = receive time - not_before.
+// Baseline: the scheduler's SQL for the same burst size -- buzz.claim_due_reminders(100, ...) +
+// buzz.confirm_reminder_claims per batch on one connection -- inside a transaction that is rolled
+// back (so the running schedulers never see those rows).
+func Reminders(cfg *Config) (*Result, error) {
+	res := newResult("reminders", cfg)
+	authors := cfg.Conns
+	if authors > 16 {
+		authors = 16
+	}
+	n := cfg.N
+	users := make([]User, authors)
+	for i := range users {
+		users[i] = NewUser()
+	}
+	var mu sync.Mutex
+	recv := map[string][]time.Time{}           // id -> receipt times (all connections)
+	perConn := make([]map[string]int, authors) // connection -> id -> receipts
+	for i := range perConn {
+		perConn[i] = map[string]int{}
+	}
+	sendAt := make(map[string]time.Time, n)
+	var okLat Latencies
+	var okErrs Errors
+	var okMu sync.Mutex
+	okTimes := map[string]time.Time{}
+	var oks atomic.Int64
+	cs, err := dialAll(cfg.Relays, authors, func(i int) string { return users[i].SK }, func(i int) Handlers {
+		return Handlers{
+			OnEvent: func(sub string, ev *nostr.Event, _ []byte, at time.Time) {
+				if sub != "due" {
+					return
+				}
+				mu.Lock()
+				recv[ev.ID] = append(recv[ev.ID], at)
+				perConn[i][ev.ID]++
+				mu.Unlock()
+			},
+			OnOK: func(o OK) {
+				mu.Lock()
+				t0, ok := sendAt[o.ID]
+				mu.Unlock()
+				if !ok {
+					return
+				}
+				oks.Add(1)
+				okLat.Add(o.At.Sub(t0))
+				okMu.Lock()
+				okTimes[o.ID] = o.At
+				okMu.Unlock()
+				if !o.OK {
+					okErrs.Add(o.Msg)
+				}
+			},
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll(cs)
+	far := nostr.Timestamp(4102444800) // 2100-01-01: only due signals (which ignore since) match
+	for i, c := range cs {
+		if err := c.Req("due", 10*time.Second, nostr.Filter{Kinds: []int{30300}, Authors: []string{users[i].PK}, Since: &far}); err != nil {
+			return nil, err
+		}
+	}
+	lead := 3*time.Second + 2*time.Duration(n)*time.Millisecond
+	nb := time.Now().Add(lead).Truncate(time.Second).Add(time.Second).Unix()
+	tag := runTag()
+	cfg.logf("reminders: pre-signing %d reminders due at %d", n, nb)
+	evs := signParallel(n, func(i int) *nostr.Event {
+		return users[i%authors].Sign(30300, nostr.Tags{{"d", fmt.Sprintf("r-%s-%d", tag, i)}, {"not_before", strconv.FormatInt(nb, 10)}}, "encrypted?")
+	})
+	pubStart := time.Now()
+	for i, ev := range evs {
+		mu.Lock()
+		sendAt[ev.ID] = time.Now()
+		mu.Unlock()
+		if err := cs[i%authors].Send(ev); err != nil {
+			return nil, err
+		}
+	}
+	for oks.Load() < int64(n) && time.Now().Before(pubStart.Add(60*time.Second)) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	pubEl := time.Since(pubStart)
+	if time.Now().Unix() >= nb {
+		res.Notes = append(res.Notes, "publishing took longer than the lead: not_before had passed before all OKs came")
+	}
+	res.Rows = append(res.Rows, Row{Name: "publish 30300 (pipelined)", Conns: authors, Count: int(oks.Load()),
+		Seconds: pubEl.Seconds(), Rate: float64(oks.Load()) / pubEl.Seconds(), Latency: okLat.Summary(), Errors: okErrs.Map()})
+
+	due := time.Unix(nb, 0)
+	deadline := due.Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		mu.Lock()
+		got := len(recv)
+		mu.Unlock()
+		if got >= n {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	mu.Lock()
+	var late Latencies
+	var last time.Time
+	dups, afterNB := 0, 0
+	okAt := map[string]time.Time{}
+	for id, t0 := range sendAt {
+		okAt[id] = t0
+	}
+	mu.Unlock()
+	okMu.Lock()
+	for id, t := range okTimes {
+		okAt[id] = t
+	}
+	okMu.Unlock()
+	mu.Lock()
+	for id, ts := range recv {
+		// A reminder stored only after its not_before (publishing fell behind) is due from its OK.
+		from := due
+		if t := okAt[id]; t.After(due) {
+			from = t
+			afterNB++
+		}
+		late.Add(ts[0].Sub(from))
+		if ts[0].After(last) {
+			last = ts[0]
+		}
+	}
+	for _, m := range perConn {
+		for _, c := range m {
+			if c > 1 {
+				dups += c - 1
+			}
+		}
+	}
+	got := len(recv)
+	mu.Unlock()
+	errs := map[string]int{}
+	if got < n {
+		errs["missing"] = n - got
+	}
+	if dups > 0 {
+		errs["duplicate"] = dups
+	}
+	span := last.Sub(due)
+	res.Rows = append(res.Rows, Row{Name: "due signal lateness", Conns: authors, Count: got, Seconds: span.Seconds(),
+		Rate: float64(got) / span.Seconds(), Latency: late.Summary(), Errors: errs,
+		Note: fmt.Sprintf("lateness = receive - max(not_before, OK); %d of %d were stored after not_before; rate = burst / (last receipt - not_before)", afterNB, got)})
+	res.Extra["duplicates_per_connection"] = dups
+
+	// Baselines.
+	pool, err := openPool(cfg, authors+1)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	tomorrow := strconv.FormatInt(time.Now().Unix()+86400, 10)
+	pevs := split(signParallel(n, func(i int) *nostr.Event {
+		return users[i%authors].Sign(30300, nostr.Tags{{"d", fmt.Sprintf("p-%s-%d", tag, i)}, {"not_before", tomorrow}}, "baseline")
+	}), authors)
+	cfg.logf("reminders: SQL baseline of publishing (accept_event on %d connections)", authors)
+	prow := runWorkers(counts(pevs), 0, 5*time.Minute, sqlJob(pool, marshalAll(pevs)))
+	prow.Name, prow.Conns, prow.Baseline = "buzz.accept_event 30300", authors, true
+	prow.Note = "closed loop (the relay row above is pipelined); not_before tomorrow"
+	res.Rows = append(res.Rows, prow)
+	past := strconv.FormatInt(time.Now().Unix()-5, 10)
+	bevs := signParallel(n, func(i int) *nostr.Event {
+		return users[i%authors].Sign(30300, nostr.Tags{{"d", fmt.Sprintf("b-%s-%d", tag, i)}, {"not_before", past}}, "baseline")
+	})
+	cfg.logf("reminders: SQL baseline (claim+confirm %d in batches of 100, rolled back)", n)
+	el, claimed, err := reminderBaseline(pool, bevs)
+	if err != nil {
+		return nil, err
+	}
+	res.Rows = append(res.Rows, Row{Name: "claim_due_reminders+confirm x100", Conns: 1, Count: claimed, Seconds: el.Seconds(),
+		Rate: float64(claimed) / el.Seconds(), Baseline: true, Note: "one connection, one transaction, rolled back"})
+	res.Ratio = ratio(span.Seconds(), el.Seconds())
+	res.RatioWhat = "relay (last due receipt - not_before) / SQL time to claim and confirm the same burst"
+	res.Extra["publish_ratio"] = ratio(res.Rows[0].Rate, prow.Rate)
+	res.Notes = append(res.Notes, fmt.Sprintf("publish: relay %.1f/s pipelined vs accept_event %.1f/s closed loop on %d connections (ratio %.3f)",
+		res.Rows[0].Rate, prow.Rate, authors, ratio(res.Rows[0].Rate, prow.Rate)))
+	return res, nil
+}
+
+func reminderBaseline(pool interface {
+	Begin(context.Context) (pgx.Tx, error)
+}, evs []*nostr.Event) (time.Duration, int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer tx.Rollback(ctx)
+	for _, ev := range evs {
+		raw, _ := json.Marshal(ev)
+		var ok bool
+		var msg string
+		if err := tx.QueryRow(ctx, `SELECT ok, message FROM buzz.accept_event($1::jsonb)`, string(raw)).Scan(&ok, &msg); err != nil {
+			return 0, 0, err
+		}
+		if !ok {
+			return 0, 0, fmt.Errorf("baseline reminder refused: %s", msg)
+		}
+	}
+	start := time.Now()
+	claimed := 0
+	for {
+		rows, err := tx.Query(ctx, `SELECT id, stamp FROM buzz.claim_due_reminders(100, '30 seconds')`)
+		if err != nil {
+			return 0, 0, err
+		}
+		var ids []string
+		var stamps []int64
+		for rows.Next() {
+			var id string
+			var st int64
+			if err := rows.Scan(&id, &st); err != nil {
+				rows.Close()
+				return 0, 0, err
+			}
+			ids, stamps = append(ids, id), append(stamps, st)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return 0, 0, err
+		}
+		if len(ids) == 0 {
+			break
+		}
+		claimed += len(ids)
+		if _, err := tx.Exec(ctx, `SELECT count(*) FROM buzz.confirm_reminder_claims($1, $2)`, ids, stamps); err != nil {
+			return 0, 0, err
+		}
+	}
+	return time.Since(start), claimed, nil
+}

@@ -1,0 +1,598 @@
+// Package chaos is buzzpg's soak: three `buzzpg serve` processes on a private second PostgreSQL
+// cluster, simulated users over real WebSockets, random kill -9 / restart of relay processes and one
+// immediate PostgreSQL restart; at quiescence a checker verifies the promises (see TestChaosSoak).
+//
+//	BUZZ_CHAOS_DURATION  length of the fault phase (default 60s; `make chaos` uses 5m)
+//	BUZZ_CHAOS_SEED      seed of the simulation and the faults (default: time; always logged)
+//	BUZZ_CHAOS_USERS     simulated users (default 12)
+//	BUZZ_CHAOS_KEEP      keep the run directory (client logs, relay logs) even when the soak passes
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/bench"
+	"github.com/buzzpg/buzzpg/internal/db"
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+// Bounds the checker states (and enforces).
+const (
+	quiescenceBound = 30 * time.Second // lag back to zero after the last fault and the last not_before
+	deliveryBound   = 15 * time.Second // then: due signals reach connections that were open throughout
+)
+
+func TestChaosSoak(t *testing.T) {
+	if testing.Short() {
+		t.Skip("chaos soak skipped in -short mode")
+	}
+	dur := 60 * time.Second
+	if v := os.Getenv("BUZZ_CHAOS_DURATION"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("BUZZ_CHAOS_DURATION=%q: %v", v, err)
+		}
+		dur = d
+	}
+	seed := time.Now().UnixNano()
+	if v := os.Getenv("BUZZ_CHAOS_SEED"); v != "" {
+		seed, _ = strconv.ParseInt(v, 10, 64)
+	}
+	nUsers := 12
+	if v := os.Getenv("BUZZ_CHAOS_USERS"); v != "" {
+		nUsers, _ = strconv.Atoi(v)
+	}
+	runDir := filepath.Join(testenv.RepoRoot(), "tests", "testdata", fmt.Sprintf("chaos-%d", time.Now().Unix()))
+	if err := os.MkdirAll(runDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() || os.Getenv("BUZZ_CHAOS_KEEP") != "" {
+			t.Logf("chaos: run directory kept: %s (clients.jsonl, relay*.log, events.log)", runDir)
+			return
+		}
+		_ = os.RemoveAll(runDir)
+	})
+	evlog, err := os.Create(filepath.Join(runDir, "events.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer evlog.Close()
+	start := time.Now()
+	var logMu sync.Mutex
+	logf := func(format string, args ...any) {
+		line := fmt.Sprintf("[%7.2fs] ", time.Since(start).Seconds()) + fmt.Sprintf(format, args...)
+		logMu.Lock()
+		fmt.Fprintln(evlog, line)
+		logMu.Unlock()
+		t.Log(line)
+	}
+	logf("chaos: seed %d (BUZZ_CHAOS_SEED=%d reproduces the schedule), fault phase %s, %d users, run dir %s", seed, seed, dur, nUsers, runDir)
+
+	// PostgreSQL: a second private cluster, migrated, with the soak's own logical slot (test_decoding)
+	// created before any relay starts: it records every due signal that is ever committed.
+	cl := startCluster(t, runDir)
+	if err := db.MigrateUp(cl.url, nil); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	ctx := context.Background()
+	admin := connect(t, cl.url)
+	if _, err := admin.Exec(ctx, `SELECT pg_create_logical_replication_slot('chaos_observer', 'test_decoding')`); err != nil {
+		t.Fatalf("observer slot: %v", err)
+	}
+	admin.Close(ctx)
+
+	relaySK := nostr.GeneratePrivateKey()
+	relayPK, _ := nostr.GetPublicKey(relaySK)
+	env := []string{
+		"BUZZ_SWEEP_INTERVAL=1s", "BUZZ_LEASE=3s", "BUZZ_BACKOFF_MAX=2s", "BUZZ_SLOT_STALE_AFTER=20s",
+		"BUZZ_REMINDER_LEASE=3s", "BUZZ_SHUTDOWN_GRACE=5s", "BUZZ_AUTO_MIGRATE=true",
+	}
+	logf("relay env: %s", strings.Join(env, " "))
+	fl := newFleet(t, 3, testenv.Binary(t), cl.url, relaySK, runDir, env, logf)
+	for i := 0; i < 3; i++ {
+		if err := fl.start(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	rec, err := newRecorder(filepath.Join(runDir, "clients.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rec.out.Close()
+	users := make([]bench.User, nUsers)
+	for i := range users {
+		users[i] = bench.NewUser()
+	}
+	w := &world{rec: rec, fleet: fl, relaySK: relaySK, relayPK: relayPK, users: users,
+		stopActs: make(chan struct{}), stopAll: make(chan struct{}), logf: logf}
+	for i, u := range users {
+		w.wg.Add(1)
+		go w.runUser(seed+int64(i)+1, u)
+	}
+	outsider := bench.NewUser() // authenticated, member of nothing
+	w.wg.Add(3)
+	go w.runPassive(seed+1001, bench.User{}, "anonymous")
+	go w.runPassive(seed+1002, bench.User{}, "anonymous")
+	go w.runPassive(seed+1003, outsider, "outsider")
+	stopped := false
+	stopClients := func() {
+		if !stopped {
+			stopped = true
+			close(w.stopAll)
+			w.wg.Wait()
+		}
+	}
+	defer stopClients()
+
+	// Faults: kill -9 a random relay every D/10..D/5 (only while at least two run), restart it
+	// 0.5-3 s later on the same port; one immediate PostgreSQL restart around the middle. A process
+	// that exits on its own is restarted too (and reported).
+	faultsDone := make(chan struct{})
+	var faults []string
+	var faultMu sync.Mutex
+	note := func(s string) {
+		faultMu.Lock()
+		faults = append(faults, fmt.Sprintf("%s %s", time.Now().Format("15:04:05.000"), s))
+		faultMu.Unlock()
+		logf("fault: %s", s)
+	}
+	var restarts sync.WaitGroup
+	var slotMu [3]sync.Mutex
+	var hold, starting [3]atomic.Bool // hold: down on purpose (until its restart); starting: a start is running
+	ensure := func(i int) {
+		starting[i].Store(true)
+		defer starting[i].Store(false)
+		slotMu[i].Lock()
+		defer slotMu[i].Unlock()
+		for _, d := range fl.down() {
+			if d == i {
+				if err := fl.start(i); err != nil {
+					logf("relay %d restart failed: %v", i, err)
+				}
+			}
+		}
+	}
+	go func() {
+		defer close(faultsDone)
+		frng := rand.New(rand.NewSource(seed ^ 0x5eed))
+		end := start.Add(dur)
+		pgAt := start.Add(time.Duration(float64(dur) * (0.4 + 0.2*frng.Float64())))
+		pgDone := false
+		next := time.Now().Add(time.Duration(float64(dur) * (0.1 + 0.1*frng.Float64())))
+		for time.Now().Before(end) {
+			time.Sleep(100 * time.Millisecond)
+			now := time.Now()
+			if !pgDone && now.After(pgAt) {
+				pgDone = true
+				note("PostgreSQL immediate restart: begin")
+				if err := cl.restart(); err != nil {
+					t.Errorf("%v", err)
+				}
+				note("PostgreSQL immediate restart: up again")
+			}
+			if now.After(next) {
+				next = now.Add(time.Duration(float64(dur) * (0.1 + 0.1*frng.Float64())))
+				live := []int{}
+				for i := 0; i < 3; i++ {
+					if !contains(fl.down(), i) {
+						live = append(live, i)
+					}
+				}
+				if len(live) >= 2 {
+					i := live[frng.Intn(len(live))]
+					hold[i].Store(true)
+					if fl.kill(i) {
+						note(fmt.Sprintf("kill -9 relay %d", i))
+						delay := time.Duration(500+frng.Intn(2500)) * time.Millisecond
+						restarts.Add(1)
+						go func() {
+							defer restarts.Done()
+							time.Sleep(delay)
+							hold[i].Store(false)
+							ensure(i)
+							note(fmt.Sprintf("relay %d restarted after %s", i, delay))
+						}()
+					} else {
+						hold[i].Store(false)
+					}
+				}
+			}
+			// Supervisor: anything that died on its own comes back.
+			for _, i := range fl.down() {
+				if !hold[i].Load() && !starting[i].Load() {
+					starting[i].Store(true)
+					go ensure(i)
+				}
+			}
+		}
+	}()
+	<-faultsDone
+	restarts.Wait()
+	for i := 0; i < 3; i++ {
+		ensure(i)
+	}
+	lastFault := time.Now()
+	logf("fault phase over; all relays up; users stop acting")
+	close(w.stopActs)
+	time.Sleep(500 * time.Millisecond) // let in-flight publishes finish (their OKs are only logged)
+
+	// Quiescence: polled, with a deadline, never assumed.
+	rec.mu.Lock()
+	var maxNB int64
+	for _, s := range rec.sent {
+		if s.Ev.Kind == 30300 {
+			if nb, _ := strconv.ParseInt(firstTag(s.Ev, "not_before"), 10, 64); nb > maxNB {
+				maxNB = nb
+			}
+		}
+	}
+	rec.mu.Unlock()
+	from := lastFault
+	if t := time.Unix(maxNB+1, 0); t.After(from) {
+		from = t
+	}
+	deadline := from.Add(quiescenceBound)
+	conn := connect(t, cl.url)
+	defer conn.Close(ctx)
+	var lagZeroAt time.Time
+	var lastLag string
+	for {
+		pending, detail, err := lagNow(ctx, conn)
+		if err == nil && pending == 0 && time.Now().After(time.Unix(maxNB+1, 0)) {
+			lagZeroAt = time.Now()
+			break
+		}
+		if err != nil {
+			detail = err.Error()
+		}
+		lastLag = detail
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	v := newViolations()
+	if lagZeroAt.IsZero() {
+		v.add("lag returns to zero", "not within %s after the last fault (%s) and the last not_before (%d): %s",
+			quiescenceBound, fmtTime(lastFault), maxNB, lastLag)
+	} else {
+		v.pass("lag returns to zero", "visibility_lag and reminder_status at zero %.1fs after the last fault (bound: %s after the later of the last fault and the last not_before)",
+			lagZeroAt.Sub(lastFault).Seconds(), quiescenceBound)
+	}
+
+	// Due signals owed to connections open throughout: wait (bounded) until they arrived.
+	st, err := loadState(ctx, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obligations := 0
+	owed := func() []string {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		got := map[string]bool{}
+		for _, r := range rec.recv {
+			if r.Sub == "due" {
+				got[fmt.Sprint(r.Conn, r.Ev.ID)] = true
+			}
+		}
+		var missing []string
+		obligations = 0
+		for _, r := range st.reminders {
+			if r.state != "confirmed" || r.confirmedAt == nil {
+				continue
+			}
+			for _, c := range rec.conns {
+				e, ok := c.EOSE["due"]
+				if c.User != r.pubkey || !ok || !e.Before(*r.confirmedAt) || !c.Closed.IsZero() {
+					continue
+				}
+				obligations++
+				if !got[fmt.Sprint(c.ID, r.id)] {
+					missing = append(missing, fmt.Sprintf("reminder %s (author %s, confirmed %s, stamp %d): connection %d on %s open since %s (due sub ready %s) never received it",
+						short(r.id), short(r.pubkey), fmtTime(*r.confirmedAt), deref(r.stamp), c.ID, c.URL, fmtTime(c.Opened), fmtTime(e)))
+				}
+			}
+		}
+		return missing
+	}
+	var missingDue []string
+	dl := time.Now().Add(deliveryBound)
+	for {
+		missingDue = owed()
+		if len(missingDue) == 0 || time.Now().After(dl) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	stopClients()
+	fl.stopAll()
+
+	// ---- the checks ----
+	st, err = loadState(ctx, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	emissions, err := readEmissions(ctx, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+
+	// 1. Every event that got OK true is stored (a superseded reminder version: a newer one is).
+	okTrue, unknown := 0, 0
+	kinds := map[int][3]int{} // kind -> ok true, ok false, no answer
+	for _, s := range rec.sent {
+		k := kinds[s.Ev.Kind]
+		switch {
+		case s.OK == nil:
+			unknown++
+			k[2]++
+		case s.OK.OK:
+			okTrue++
+			k[0]++
+		default:
+			k[1]++
+		}
+		kinds[s.Ev.Kind] = k
+		if s.OK == nil || !s.OK.OK {
+			continue
+		}
+		if st.events[s.Ev.ID] {
+			continue
+		}
+		if s.Ev.Kind == 30300 {
+			head, ok := st.addrHead[s.Ev.PubKey+"/"+firstTag(s.Ev, "d")]
+			if ok && (head[0].(int64) > int64(s.Ev.CreatedAt) || (head[0].(int64) == int64(s.Ev.CreatedAt) && head[1].(string) < s.Ev.ID)) {
+				if _, armed := st.reminders[s.Ev.ID]; !armed {
+					v.add("OK true is stored", "reminder %s got OK true at %s but has no buzz.reminders row", s.Ev.ID, fmtTime(s.OK.At))
+				}
+				continue
+			}
+		}
+		v.add("OK true is stored", "event %s kind %d by %s sent on conn %d at %s, OK true %q at %s, is not in buzz.events",
+			s.Ev.ID, s.Ev.Kind, short(s.Ev.PubKey), s.Conn, fmtTime(s.At), s.OK.Msg, fmtTime(s.OK.At))
+	}
+	v.pass("OK true is stored", "%d events got OK true, all stored (%d sends never answered: outcome unknown, not checked)", okTrue, unknown)
+
+	// 2. Every viewer's published snapshot is the canonical hidden set, at the target generation.
+	viewers := 0
+	for viewer, gen := range st.viewers {
+		viewers++
+		want := sortedCopy(st.hidden[viewer])
+		snaps := st.snapshots[viewer]
+		if gen[0] != gen[1] {
+			v.add("snapshot = hidden set", "viewer %s: target_generation %d != published_generation %d", viewer, gen[0], gen[1])
+		}
+		if len(snaps) == 0 {
+			if len(want) > 0 {
+				v.add("snapshot = hidden set", "viewer %s: hidden %v but no 30622 is stored", viewer, want)
+			}
+			continue
+		}
+		if len(snaps) > 1 {
+			v.add("snapshot = hidden set", "viewer %s: %d kind 30622 heads stored", viewer, len(snaps))
+		}
+		sn := snaps[0]
+		var got []string
+		for _, tg := range sn.tags {
+			if len(tg) >= 2 && tg[0] == "h" {
+				got = append(got, tg[1])
+			}
+		}
+		got = sortedCopy(got)
+		if strings.Join(got, ",") != strings.Join(want, ",") || sn.pubkey != relayPK {
+			v.add("snapshot = hidden set", "viewer %s: snapshot %s (created_at %d, generation published %d / target %d, signer %s) lists %v, canonical hidden set is %v",
+				viewer, sn.id, sn.created, gen[1], gen[0], short(sn.pubkey), got, want)
+		}
+	}
+	v.pass("snapshot = hidden set", "%d viewers: every head 30622 equals buzz.members hidden set, published_generation = target_generation", viewers)
+
+	// 3. Due signals: emitted exactly once per confirmed version (the soak's own slot saw every
+	// committed emission), none for the rest; every due version delivered; no connection got one twice.
+	emitted := map[string][]int64{}
+	for _, e := range emissions {
+		emitted[e.id] = append(emitted[e.id], e.stamp)
+	}
+	now := time.Now().Unix()
+	confirmed, recovered := 0, 0
+	for _, r := range st.reminders {
+		n := len(emitted[r.id])
+		switch r.state {
+		case "confirmed":
+			confirmed++
+			if n != 1 {
+				v.add("due signal exactly once", "reminder %s (author %s, not_before %d, confirmed %v, stamp %d, claims %d, recoveries %d) emitted %d times (stamps %v)",
+					r.id, short(r.pubkey), r.notBefore, r.confirmedAt, deref(r.stamp), r.claims, r.recoveries, n, emitted[r.id])
+			} else if r.stamp == nil || emitted[r.id][0] != *r.stamp {
+				v.add("due signal exactly once", "reminder %s confirmed under stamp %d but emitted with stamp %v", r.id, deref(r.stamp), emitted[r.id])
+			}
+		case "armed", "claimed":
+			if r.notBefore <= now {
+				v.add("due signal exactly once", "reminder %s (author %s, not_before %d) is still %s at %s: due but never delivered (claims %d, recoveries %d)",
+					r.id, short(r.pubkey), r.notBefore, r.state, time.Now().Format("15:04:05"), r.claims, r.recoveries)
+			}
+			if n != 0 {
+				v.add("due signal exactly once", "reminder %s is %s but was emitted %d times", r.id, r.state, n)
+			}
+		case "cancelled":
+			if n != 0 {
+				v.add("due signal exactly once", "reminder %s is cancelled but was emitted %d times (stamps %v)", r.id, n, emitted[r.id])
+			}
+		}
+		if r.recoveries > 0 {
+			recovered++
+		}
+	}
+	for id, stamps := range emitted {
+		if _, ok := st.reminders[id]; !ok {
+			v.add("due signal exactly once", "due signal for %s (stamps %v) has no buzz.reminders row", id, stamps)
+		}
+	}
+	perConn := map[string]int{}
+	dueRecv := 0
+	for _, r := range rec.recv {
+		if r.Sub != "due" {
+			continue
+		}
+		dueRecv++
+		k := fmt.Sprint(r.Conn, " ", r.Ev.ID)
+		perConn[k]++
+		if perConn[k] == 2 {
+			v.add("no connection receives a due signal twice", "connection %d (%s) received due signal %s twice (second at %s)",
+				r.Conn, short(rec.conns[r.Conn].User), r.Ev.ID, fmtTime(r.At))
+		}
+		rr, ok := st.reminders[r.Ev.ID]
+		if !ok || rr.state != "confirmed" && len(emitted[r.Ev.ID]) == 0 {
+			v.add("due signal exactly once", "connection %d received a due signal for %s which was never emitted", r.Conn, r.Ev.ID)
+		} else if r.At.Before(time.Unix(rr.notBefore, 0)) {
+			v.add("due signal exactly once", "connection %d received due signal %s at %s, before its not_before %d", r.Conn, r.Ev.ID, fmtTime(r.At), rr.notBefore)
+		}
+	}
+	for _, m := range missingDue {
+		v.add("due signal reaches connections open throughout", "%s", m)
+	}
+	v.pass("due signal exactly once", "%d reminder versions confirmed, each emitted exactly once (%d emissions seen by the observer slot, %d versions recovered after a lease); %d due receipts by clients",
+		confirmed, len(emissions), recovered, dueRecv)
+	v.pass("no connection receives a due signal twice", "%d (connection, reminder) receipts, none twice", len(perConn))
+	v.pass("due signal reaches connections open throughout", "%d (reminder, connection) pairs where the due subscription was ready before the confirmation and stayed open: all received it", obligations)
+
+	// 4. Read gates, applied to every client's log with the pubkeys it had asked to AUTH as.
+	for _, r := range rec.recv {
+		c := rec.conns[r.Conn]
+		authed := map[string]bool{}
+		for pk, at := range c.AuthSent {
+			if !at.After(r.At) {
+				authed[pk] = true
+			}
+		}
+		ok, why := readable(r.Ev, authed, st.members, relayPK)
+		if !ok {
+			v.add("read gates", "connection %d (%s %s) received %s (kind %d by %s) on sub %q at %s: %s",
+				r.Conn, c.Role, short(c.User), r.Ev.ID, r.Ev.Kind, short(r.Ev.PubKey), r.Sub, fmtTime(r.At), why)
+		}
+	}
+	v.pass("read gates", "%d receipts checked against PROTOCOL.md's gates", len(rec.recv))
+
+	// ---- report ----
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n==== chaos soak: seed %d, fault phase %s, %d users, %d client connections ====\n", seed, dur, nUsers, len(rec.conns))
+	ks := make([]int, 0, len(kinds))
+	for k := range kinds {
+		ks = append(ks, k)
+	}
+	sort.Ints(ks)
+	for _, k := range ks {
+		fmt.Fprintf(&b, "  sent kind %-5d  OK true %5d  OK false %4d  unanswered %3d\n", k, kinds[k][0], kinds[k][1], kinds[k][2])
+	}
+	okFalse := map[string]int{}
+	for _, s := range rec.sent {
+		if s.OK != nil && !s.OK.OK {
+			p := s.OK.Msg
+			if i := strings.IndexByte(p, ':'); i > 0 {
+				p = p[:i]
+			}
+			okFalse[p]++
+		}
+	}
+	fmt.Fprintf(&b, "  OK false by prefix: %v; receipts %d; reminders %d\n", okFalse, len(rec.recv), len(st.reminders))
+	faultMu.Lock()
+	fmt.Fprintf(&b, "  faults (%d):\n", len(faults))
+	for _, f := range faults {
+		fmt.Fprintf(&b, "    %s\n", f)
+	}
+	faultMu.Unlock()
+	for _, u := range fl.unexpectedExits() {
+		fmt.Fprintf(&b, "  NOTE unexpected process exit (restarted by the supervisor): %s\n", u)
+	}
+	checks := []string{"OK true is stored", "snapshot = hidden set", "due signal exactly once",
+		"no connection receives a due signal twice", "due signal reaches connections open throughout", "read gates", "lag returns to zero"}
+	for _, c := range checks {
+		if ev := v.m[c]; len(ev) > 0 {
+			fmt.Fprintf(&b, "  FAIL %-48s %d violation(s):\n", c, len(ev))
+			for i, e := range ev {
+				if i == 25 {
+					fmt.Fprintf(&b, "      ... %d more\n", len(ev)-25)
+					break
+				}
+				fmt.Fprintf(&b, "      %s\n", e)
+			}
+		} else {
+			fmt.Fprintf(&b, "  PASS %-48s %s\n", c, v.ok[c])
+		}
+	}
+	logf("%s", b.String())
+	if len(v.order) > 0 {
+		t.Errorf("chaos soak: %d check(s) failed: %s (seed %d)", len(v.order), strings.Join(v.order, "; "), seed)
+	}
+}
+
+func lagNow(ctx context.Context, conn *pgx.Conn) (int64, string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var pending, claimed, expired int64
+	var oldest *float64
+	if err := conn.QueryRow(ctx, `SELECT pending_viewers, oldest_pending_seconds, claimed, expired_leases FROM buzz.visibility_lag()`).
+		Scan(&pending, &oldest, &claimed, &expired); err != nil {
+		return -1, "", err
+	}
+	var armed, due, rclaimed, stuck int64
+	if err := conn.QueryRow(ctx, `SELECT armed, due, claimed, stuck FROM buzz.reminder_status()`).Scan(&armed, &due, &rclaimed, &stuck); err != nil {
+		return -1, "", err
+	}
+	detail := fmt.Sprintf("visibility_lag: pending_viewers=%d oldest=%vs claimed=%d expired_leases=%d; reminder_status: armed=%d due=%d claimed=%d stuck=%d",
+		pending, deref(oldest), claimed, expired, armed, due, rclaimed, stuck)
+	return pending + due + rclaimed, detail, nil
+}
+
+func connect(t *testing.T, url string) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := ctxTimeout(30 * time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatalf("connect %s: %v", url, err)
+	}
+	return c
+}
+
+func firstTag(ev *nostr.Event, name string) string {
+	for _, t := range ev.Tags {
+		if len(t) >= 2 && t[0] == name {
+			return t[1]
+		}
+	}
+	return ""
+}
+
+func contains(s []int, x int) bool {
+	for _, v := range s {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+func deref[T any](p *T) any {
+	if p == nil {
+		return "null"
+	}
+	return *p
+}

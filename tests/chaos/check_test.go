@@ -1,0 +1,246 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nbd-wtf/go-nostr"
+)
+
+// violations collects evidence per check; a check with any entry fails the soak.
+type violations struct {
+	order []string
+	m     map[string][]string
+	ok    map[string]string // check -> what passed (printed)
+}
+
+func newViolations() *violations {
+	return &violations{m: map[string][]string{}, ok: map[string]string{}}
+}
+
+func (v *violations) add(check, format string, args ...any) {
+	if _, seen := v.m[check]; !seen {
+		v.order = append(v.order, check)
+	}
+	v.m[check] = append(v.m[check], fmt.Sprintf(format, args...))
+}
+
+func (v *violations) pass(check, format string, args ...any) {
+	v.ok[check] = fmt.Sprintf(format, args...)
+}
+
+type dbState struct {
+	events    map[string]bool
+	addrHead  map[string][2]any // "pubkey/d" -> {created_at int64, id string} for 30300
+	members   map[string][]string
+	hidden    map[string][]string // viewer -> hidden channel ids (canonical)
+	viewers   map[string][2]int64 // viewer -> {target, published}
+	snapshots map[string][]snapRow
+	reminders map[string]reminderRow
+}
+
+type snapRow struct {
+	id, pubkey string
+	created    int64
+	tags       nostr.Tags
+}
+
+type reminderRow struct {
+	id, pubkey, d, state string
+	notBefore            int64
+	stamp                *int64
+	confirmedAt          *time.Time
+	claims, recoveries   int
+}
+
+func loadState(ctx context.Context, conn *pgx.Conn) (*dbState, error) {
+	s := &dbState{events: map[string]bool{}, addrHead: map[string][2]any{}, members: map[string][]string{},
+		hidden: map[string][]string{}, viewers: map[string][2]int64{}, snapshots: map[string][]snapRow{},
+		reminders: map[string]reminderRow{}}
+	rows, err := conn.Query(ctx, `SELECT id, kind, pubkey, coalesce(d_tag,''), created_at FROM buzz.events`)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var id, pk, d string
+		var kind int
+		var created int64
+		if err := rows.Scan(&id, &kind, &pk, &d, &created); err != nil {
+			return nil, err
+		}
+		s.events[id] = true
+		if kind == 30300 {
+			s.addrHead[pk+"/"+d] = [2]any{created, id}
+		}
+	}
+	rows.Close()
+	rows, err = conn.Query(ctx, `SELECT channel_id::text, pubkey, hidden_at IS NOT NULL FROM buzz.members ORDER BY 1, 2`)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var ch, pk string
+		var hid bool
+		if err := rows.Scan(&ch, &pk, &hid); err != nil {
+			return nil, err
+		}
+		s.members[ch] = append(s.members[ch], pk)
+		if hid {
+			s.hidden[pk] = append(s.hidden[pk], ch)
+		}
+		if _, ok := s.viewers[pk]; !ok {
+			s.viewers[pk] = [2]int64{-1, -1}
+		}
+	}
+	rows.Close()
+	rows, err = conn.Query(ctx, `SELECT viewer, target_generation, published_generation FROM buzz.visibility_state`)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var v string
+		var tg, pg int64
+		if err := rows.Scan(&v, &tg, &pg); err != nil {
+			return nil, err
+		}
+		s.viewers[v] = [2]int64{tg, pg}
+	}
+	rows.Close()
+	rows, err = conn.Query(ctx, `SELECT id, pubkey, d_tag, created_at, tags FROM buzz.events WHERE kind = 30622`)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var r snapRow
+		var d string
+		var tags []byte
+		if err := rows.Scan(&r.id, &r.pubkey, &d, &r.created, &tags); err != nil {
+			return nil, err
+		}
+		_ = json.Unmarshal(tags, &r.tags)
+		s.snapshots[d] = append(s.snapshots[d], r)
+	}
+	rows.Close()
+	rows, err = conn.Query(ctx, `SELECT id, pubkey, d_tag, state, not_before, stamp, confirmed_at, claims, recoveries FROM buzz.reminders`)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var r reminderRow
+		if err := rows.Scan(&r.id, &r.pubkey, &r.d, &r.state, &r.notBefore, &r.stamp, &r.confirmedAt, &r.claims, &r.recoveries); err != nil {
+			return nil, err
+		}
+		s.reminders[r.id] = r
+	}
+	rows.Close()
+	return s, rows.Err()
+}
+
+// dueEmission is one due signal found in the WAL by the soak's own logical slot.
+type dueEmission struct {
+	id    string
+	stamp int64
+}
+
+// readEmissions reads every transactional logical message 'buzz' with t=due that was committed
+// since the soak began (the observer slot was created before any relay started).
+func readEmissions(ctx context.Context, conn *pgx.Conn) ([]dueEmission, error) {
+	rows, err := conn.Query(ctx, `SELECT data FROM pg_logical_slot_peek_changes('chaos_observer', NULL, NULL)
+	                               WHERE data LIKE 'message: transactional: 1 prefix: buzz,%'`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []dueEmission
+	for rows.Next() {
+		var data string
+		if err := rows.Scan(&data); err != nil {
+			return nil, err
+		}
+		i := strings.Index(data, "content:")
+		if i < 0 {
+			continue
+		}
+		var m struct {
+			T     string `json:"t"`
+			Stamp int64  `json:"stamp"`
+			Ev    struct {
+				ID string `json:"id"`
+			} `json:"ev"`
+		}
+		if json.Unmarshal([]byte(data[i+len("content:"):]), &m) != nil || m.T != "due" {
+			continue
+		}
+		out = append(out, dueEmission{m.Ev.ID, m.Stamp})
+	}
+	return out, rows.Err()
+}
+
+func tagValues(ev *nostr.Event, name string) []string {
+	var out []string
+	for _, t := range ev.Tags {
+		if len(t) >= 2 && t[0] == name {
+			out = append(out, t[1])
+		}
+	}
+	return out
+}
+
+// readable applies PROTOCOL.md's read gates to an event for a connection that had sent AUTH for
+// the pubkeys in authed (the relay cannot have authenticated anyone it had not been asked to).
+func readable(ev *nostr.Event, authed map[string]bool, members map[string][]string, relayPK string) (bool, string) {
+	has := func(pk string) bool { return authed[pk] }
+	for _, ch := range tagValues(ev, "h") {
+		if ms, isDM := members[ch]; isDM {
+			for _, m := range ms {
+				if has(m) {
+					return true, ""
+				}
+			}
+			return false, "DM " + ch + " traffic to a non-member"
+		}
+	}
+	switch {
+	case ev.Kind >= 41010 && ev.Kind <= 41012, ev.Kind == 30300:
+		if !has(ev.PubKey) {
+			return false, fmt.Sprintf("kind %d of %s to someone else", ev.Kind, ev.PubKey[:12])
+		}
+	case ev.Kind == 30622, ev.Kind == 1059:
+		ps := tagValues(ev, "p")
+		if len(ps) == 0 || !has(ps[0]) {
+			return false, fmt.Sprintf("kind %d for %v to someone else", ev.Kind, ps)
+		}
+		if ev.Kind == 30622 && ev.PubKey != relayPK {
+			return false, "30622 not signed by the relay key"
+		}
+	}
+	return true, ""
+}
+
+func sortedCopy(s []string) []string {
+	c := append([]string(nil), s...)
+	sort.Strings(c)
+	return c
+}
+
+func short(s string) string {
+	if len(s) > 12 {
+		return s[:12]
+	}
+	return s
+}
+
+func fmtTime(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.Format("15:04:05.000")
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }

@@ -1,0 +1,215 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/buzzpg/buzzpg/internal/bench"
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+// cluster is the soak's own PostgreSQL (a second private cluster: the soak restarts it, and other
+// test packages on the shared cluster must not see that).
+type cluster struct {
+	dir  string // BUZZ_PGDATA
+	port int
+	url  string
+}
+
+func pgScript(c *cluster, args ...string) ([]byte, error) {
+	cmd := exec.Command(filepath.Join(testenv.RepoRoot(), "scripts", "pg.sh"), args...)
+	cmd.Env = append(os.Environ(), "BUZZ_PGDATA="+c.dir, fmt.Sprintf("BUZZ_PGPORT=%d", c.port), "BUZZ_PGDATABASE=buzzpg")
+	return cmd.CombinedOutput()
+}
+
+func startCluster(t *testing.T, runDir string) *cluster {
+	t.Helper()
+	c := &cluster{dir: filepath.Join(runDir, "pg"), port: freePort(t)}
+	if out, err := pgScript(c, "start"); err != nil {
+		t.Skipf("chaos: cannot start a private PostgreSQL cluster (scripts/pg.sh start): %v\n%s", err, out)
+	}
+	out, err := pgScript(c, "url")
+	if err != nil {
+		t.Fatalf("pg.sh url: %v %s", err, out)
+	}
+	c.url = strings.TrimSpace(string(out))
+	t.Cleanup(func() {
+		real, _ := filepath.EvalSymlinks(c.dir)
+		_, _ = pgScript(c, "stop")
+		if !t.Failed() || os.Getenv("BUZZ_CHAOS_KEEP") == "" {
+			if real != "" {
+				_ = os.RemoveAll(real)
+			}
+			_ = os.RemoveAll(c.dir)
+		}
+	})
+	return c
+}
+
+// restart is the immediate PostgreSQL restart (pg_ctl -m immediate stop; start).
+func (c *cluster) restart() error {
+	out, err := pgScript(c, "restart")
+	if err != nil {
+		return fmt.Errorf("pg.sh restart: %v: %s", err, out)
+	}
+	return nil
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// fleet supervises the relay processes: slot i always listens on the same port, each incarnation
+// gets a fresh instance id (as a restarted process with the default random id would).
+type fleet struct {
+	t      *testing.T
+	bin    string
+	dbURL  string
+	key    string
+	env    []string
+	logDir string
+	ports  []int
+	logf   func(string, ...any)
+
+	mu          sync.Mutex
+	procs       []*bench.Proc
+	incarnation []int
+	unexpected  []string // processes that exited on their own (not killed by the soak)
+	killed      map[*bench.Proc]bool
+	stopping    bool
+}
+
+func newFleet(t *testing.T, n int, bin, dbURL, key, logDir string, env []string, logf func(string, ...any)) *fleet {
+	f := &fleet{t: t, bin: bin, dbURL: dbURL, key: key, env: env, logDir: logDir, logf: logf,
+		procs: make([]*bench.Proc, n), incarnation: make([]int, n), killed: map[*bench.Proc]bool{}}
+	for i := 0; i < n; i++ {
+		f.ports = append(f.ports, freePort(t))
+	}
+	t.Cleanup(f.stopAll)
+	return f
+}
+
+// start (re)starts slot i and waits until it is ready.
+func (f *fleet) start(i int) error {
+	f.mu.Lock()
+	f.incarnation[i]++
+	inst := fmt.Sprintf("chaos%d_%d", i, f.incarnation[i])
+	f.mu.Unlock()
+	var p *bench.Proc
+	var err error
+	for try := 0; try < 5; try++ {
+		p, err = bench.StartServe(bench.ProcOpts{Bin: f.bin, DatabaseURL: f.dbURL, RelayKey: f.key, InstanceID: inst,
+			Listen: fmt.Sprintf("127.0.0.1:%d", f.ports[i]), Env: f.env, LogPath: filepath.Join(f.logDir, fmt.Sprintf("relay%d.log", i)),
+			LogLevel: "info"}, 90*time.Second)
+		if err == nil {
+			break
+		}
+		f.logf("relay %d (%s) failed to start (try %d): %v", i, inst, try+1, err)
+		time.Sleep(time.Second)
+	}
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.procs[i] = p
+	f.mu.Unlock()
+	f.logf("relay %d up: %s pid %d on %s", i, inst, p.Pid(), p.URL)
+	go func() {
+		<-p.Done()
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if !f.killed[p] && !f.stopping {
+			msg := fmt.Sprintf("relay %d (%s) exited on its own at %s: %v", i, inst, time.Now().Format("15:04:05.000"), p.ExitErr())
+			f.unexpected = append(f.unexpected, msg)
+			f.logf("%s", msg)
+		}
+		if f.procs[i] == p {
+			f.procs[i] = nil
+		}
+	}()
+	return nil
+}
+
+// kill sends SIGKILL to slot i.
+func (f *fleet) kill(i int) bool {
+	f.mu.Lock()
+	p := f.procs[i]
+	if p != nil {
+		f.killed[p] = true
+	}
+	f.mu.Unlock()
+	if p == nil {
+		return false
+	}
+	p.Kill()
+	f.logf("relay %d killed (kill -9 pid %d)", i, p.Pid())
+	return true
+}
+
+// live returns the URLs of running processes.
+func (f *fleet) live() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for _, p := range f.procs {
+		if p != nil {
+			select {
+			case <-p.Done():
+			default:
+				out = append(out, p.URL)
+			}
+		}
+	}
+	return out
+}
+
+func (f *fleet) down() []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []int
+	for i, p := range f.procs {
+		if p == nil {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+func (f *fleet) stopAll() {
+	f.mu.Lock()
+	f.stopping = true
+	ps := append([]*bench.Proc(nil), f.procs...)
+	f.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, p := range ps {
+		if p != nil {
+			wg.Add(1)
+			go func(p *bench.Proc) { defer wg.Done(); p.Stop(15 * time.Second) }(p)
+		}
+	}
+	wg.Wait()
+}
+
+func (f *fleet) unexpectedExits() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.unexpected...)
+}
+
+func ctxTimeout(d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), d)
+}
