@@ -271,8 +271,14 @@ BEGIN
   IF p_not_before IS NOT NULL THEN
     INSERT INTO buzz.reminders (id, pubkey, d_tag, created_at, not_before, expires_at)
     VALUES (p_id, p_pubkey, p_d, p_created_at, p_not_before, p_expires);
-    -- Wake schedulers that sleep until a later reminder (payload: when this one is due).
-    PERFORM pg_notify('buzz_reminders', p_not_before::text);
+    -- Wake schedulers only when this reminder is due before every other armed one: they sleep
+    -- until the earliest, and NOTIFY serialises committing transactions, so it stays off the
+    -- common path (payload: when this one is due).
+    IF NOT EXISTS (SELECT 1 FROM buzz.reminders r
+                    WHERE r.state = 'armed' AND r.not_before <= p_not_before AND r.id <> p_id
+                      AND (r.expires_at IS NULL OR r.expires_at > buzz.now_unix())) THEN
+      PERFORM pg_notify('buzz_reminders', p_not_before::text);
+    END IF;
   END IF;
 END $$;
 COMMENT ON FUNCTION buzz.arm_reminder(text, text, text, bigint, bigint, bigint) IS

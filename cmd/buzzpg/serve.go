@@ -36,6 +36,9 @@ func runServe(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
+	if err := db.WaitReachable(ctx, cfg.DatabaseURL, cfg.DBWait, log); err != nil {
+		return err
+	}
 	if cfg.AutoMigrate {
 		if err := db.MigrateUp(cfg.DatabaseURL, log); err != nil {
 			return err

@@ -9,6 +9,9 @@ import (
 	"fmt"
 	"time"
 
+	"log/slog"
+
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -81,4 +84,38 @@ func SQLState(err error) string {
 		return pgErr.Code
 	}
 	return ""
+}
+
+// WaitReachable waits up to wait for PostgreSQL to accept connections (a process started while
+// the server restarts should not die for it). It returns the last error, explained, after that.
+func WaitReachable(ctx context.Context, url string, wait time.Duration, log *slog.Logger) error {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return fmt.Errorf("invalid DATABASE_URL: %w", err)
+	}
+	deadline := time.Now().Add(wait)
+	backoff := 100 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		conn, err := pgx.ConnectConfig(cctx, cfg)
+		cancel()
+		if err == nil {
+			conn.Close(ctx)
+			return nil
+		}
+		if time.Now().Add(backoff).After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("cannot reach PostgreSQL at %s: %w (is it running? `make run` starts a private cluster; DATABASE_URL overrides)", redact(cfg.Host, cfg.Port, cfg.Database), err)
+		}
+		if attempt == 0 && log != nil {
+			log.Warn("waiting for PostgreSQL", "err", err, "for", wait)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		if backoff < 2*time.Second {
+			backoff *= 2
+		}
+	}
 }
