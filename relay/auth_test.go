@@ -1,0 +1,113 @@
+package relay
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+func TestAuth(t *testing.T) {
+	tr := startRelay(t, nil)
+	c := tr.dial(t)
+	sk1, pk1 := testenv.NewKey()
+	sk2, pk2 := testenv.NewKey()
+	send := func(ev nostr.Event) okReply {
+		t.Helper()
+		c.sendJSON("AUTH", ev)
+		r := parseOK(t, c.expect("OK"))
+		if r.id != ev.ID {
+			t.Fatalf("OK for another id")
+		}
+		return r
+	}
+	refused := func(name string, ev nostr.Event, prefix string) {
+		t.Helper()
+		if r := send(ev); r.ok || !strings.HasPrefix(r.msg, prefix) {
+			t.Fatalf("%s: %+v", name, r)
+		}
+	}
+	now := nostr.Now()
+	refused("wrong challenge", authEvent(sk1, "not-the-challenge", tr.url, now), "invalid:")
+	refused("wrong relay URL", authEvent(sk1, c.challenge, "ws://elsewhere.example", now), "invalid:")
+	refused("20 minutes old", authEvent(sk1, c.challenge, tr.url, now-20*60), "invalid:")
+	refused("20 minutes ahead", authEvent(sk1, c.challenge, tr.url, now+20*60), "invalid:")
+	wrongKind := signed(sk1, 1, "", now, nostr.Tag{"relay", tr.url}, nostr.Tag{"challenge", c.challenge})
+	refused("wrong kind", wrongKind, "invalid:")
+	forged := authEvent(sk1, c.challenge, tr.url, now)
+	forged.Sig = strings.Repeat("0", 128)
+	refused("bad signature", forged, "invalid:")
+	if got := c.authedList(t, tr); len(got) != 0 {
+		t.Fatalf("refused AUTHs authenticated %v", got)
+	}
+
+	// Success, with a trailing slash on the relay URL; then a second pubkey on the same connection.
+	if r := send(authEvent(sk1, c.challenge, tr.url+"/", now)); !r.ok {
+		t.Fatalf("AUTH: %+v", r)
+	}
+	if r := send(authEvent(sk2, c.challenge, tr.url, now-5*60)); !r.ok {
+		t.Fatalf("second AUTH: %+v", r)
+	}
+	got := c.authedList(t, tr)
+	if len(got) != 2 || got[0] != pk1 || got[1] != pk2 {
+		t.Fatalf("authenticated %v", got)
+	}
+	// Both pubkeys read their author-only rows on this connection.
+	r1 := signed(sk1, 30300, "x", now, nostr.Tag{"d", "a"})
+	r2 := signed(sk2, 30300, "y", now-1, nostr.Tag{"d", "b"})
+	c.mustPublish(r1)
+	c.mustPublish(r2)
+	sameIDs(t, "both authors", c.req("r", nostr.Filter{Kinds: []int{30300}, Authors: []string{pk1, pk2}}), r1, r2)
+
+	// AUTH events are never stored.
+	if n := tr.eventCount(t, "kind = 22242 AND pubkey = ANY($1)", []string{pk1, pk2}); n != 0 {
+		t.Fatalf("%d auth events stored", n)
+	}
+	// And a 22242 sent as EVENT is invalid.
+	if r := c.publish(authEvent(sk1, c.challenge, tr.url, now)); r.ok || !strings.HasPrefix(r.msg, "invalid:") {
+		t.Fatalf("22242 as EVENT: %+v", r)
+	}
+}
+
+// authedList reads the server side of the connection the client has (the only one open on tr
+// for this test).
+func (c *client) authedList(t *testing.T, tr *testRelay) []string {
+	t.Helper()
+	// A round trip first, so every earlier message was handled.
+	c.req("authsync-"+nonce(), nostr.Filter{IDs: []string{randHex64()}})
+	conns := tr.s.snapshotConns()
+	if len(conns) != 1 {
+		t.Fatalf("%d connections", len(conns))
+	}
+	return conns[0].authedList()
+}
+
+func TestProtectedEvents(t *testing.T) {
+	tr := startRelay(t, nil)
+	sk, pk := testenv.NewKey()
+	skOther, _ := testenv.NewKey()
+	prot := signed(sk, 1, "mine only", nostr.Now(), nostr.Tag{"-"})
+
+	anon := tr.dial(t)
+	if r := anon.publish(prot); r.ok || !strings.HasPrefix(r.msg, "auth-required:") {
+		t.Fatalf("unauthenticated: %+v", r)
+	}
+	someoneElse := tr.dial(t)
+	someoneElse.mustAuth(skOther, tr.url)
+	if r := someoneElse.publish(prot); r.ok || !strings.HasPrefix(r.msg, "auth-required:") {
+		t.Fatalf("authenticated as someone else: %+v", r)
+	}
+	if n := tr.eventCount(t, "id = $1", prot.ID); n != 0 {
+		t.Fatal("refused protected event was stored")
+	}
+	author := tr.dial(t)
+	author.mustAuth(sk, tr.url)
+	if r := author.publish(prot); !r.ok {
+		t.Fatalf("author: %+v", r)
+	}
+	if n := tr.eventCount(t, "id = $1 AND pubkey = $2", prot.ID, pk); n != 1 {
+		t.Fatal("accepted protected event not stored")
+	}
+}

@@ -1,0 +1,297 @@
+package relay
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/buzzpg/buzzpg/internal/metrics"
+)
+
+var timeNow = time.Now
+
+// conn is one WebSocket client. Three kinds of goroutine touch it: its read loop (handles
+// messages in order), its write loop (the only writer of data frames), and query goroutines
+// plus Deliver callers, which only ever enqueue on q.
+type conn struct {
+	s         *Server
+	ws        *websocket.Conn
+	id        uint64
+	log       *slog.Logger
+	challenge string
+	relayURL  string
+
+	ctx    context.Context // ends when the connection is torn down
+	cancel context.CancelFunc
+
+	authed atomic.Pointer[[]string] // copy-on-write list of authenticated pubkeys
+
+	mu      sync.Mutex // guards subs and dueSeen; taken before any subscription's mu
+	subs    map[string]*subscription
+	dueSeen *idFIFO[dueKey]
+
+	q        *sendQueue
+	querySem chan struct{}
+
+	ip          string
+	eventBucket *tokenBucket // read loop only
+	reqBucket   *tokenBucket
+
+	killOnce    sync.Once
+	closeReason atomic.Value // string: why the connection ended (first reason wins)
+	closing     atomic.Pointer[closeInfo]
+	writerDone  chan struct{}
+}
+
+func newConn(s *Server, ws *websocket.Conn, r *http.Request, relayURL string) *conn {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &conn{
+		s:          s,
+		ws:         ws,
+		id:         s.nextID.Add(1),
+		challenge:  hex.EncodeToString(b[:]),
+		relayURL:   relayURL,
+		ctx:        ctx,
+		cancel:     cancel,
+		subs:       map[string]*subscription{},
+		dueSeen:    newIDFIFO[dueKey](duePerConn),
+		q:          newSendQueue(s.cfg.SendQueueBytes),
+		querySem:   make(chan struct{}, s.cfg.MaxQueriesInFlight),
+		writerDone: make(chan struct{}),
+		ip:         clientIP(r),
+	}
+	if s.cfg.EventRate > 0 {
+		c.eventBucket = newTokenBucket(s.cfg.EventRate, s.cfg.EventBurst)
+	}
+	if s.cfg.ReqRate > 0 {
+		c.reqBucket = newTokenBucket(s.cfg.ReqRate, s.cfg.ReqBurst)
+	}
+	c.log = s.log.With("conn", c.id, "remote", r.RemoteAddr)
+	empty := []string{}
+	c.authed.Store(&empty)
+	return c
+}
+
+// authedList returns the pubkeys authenticated on this connection (never mutated in place).
+func (c *conn) authedList() []string { return *c.authed.Load() }
+
+// run is the read loop; it returns when the connection is finished and cleaned up.
+func (c *conn) run() {
+	c.ws.SetReadLimit(int64(c.s.cfg.MaxMessageLength))
+	_ = c.ws.SetReadDeadline(timeNow().Add(pongWait))
+	c.ws.SetPongHandler(func(string) error {
+		return c.ws.SetReadDeadline(timeNow().Add(pongWait))
+	})
+	go c.writeLoop()
+	c.log.Debug("connected")
+	c.send(marshalArray("AUTH", c.challenge))
+
+	reason := "client closed"
+	for {
+		_, data, err := c.ws.ReadMessage()
+		if err != nil {
+			switch {
+			case errors.Is(err, websocket.ErrReadLimit):
+				// gorilla already sent close 1009 (message too big).
+				reason = "message too big"
+			case websocket.IsCloseError(err, websocket.CloseNormalClosure, websocket.CloseGoingAway, websocket.CloseNoStatusReceived):
+			default:
+				if c.ctx.Err() == nil {
+					reason = "read: " + err.Error()
+				}
+			}
+			break
+		}
+		_ = c.ws.SetReadDeadline(timeNow().Add(pongWait))
+		c.handle(data)
+	}
+	if r, ok := c.closeReason.Load().(string); ok {
+		reason = r
+	}
+	c.kill(reason)
+	<-c.writerDone
+	c.mu.Lock()
+	for id, sub := range c.subs {
+		sub.close()
+		delete(c.subs, id)
+	}
+	c.mu.Unlock()
+	c.log.Debug("disconnected", "reason", reason)
+	c.s.removeConn(c, reason)
+}
+
+// handle processes one client message; no panic escapes it.
+func (c *conn) handle(data []byte) {
+	defer func() {
+		if p := recover(); p != nil {
+			c.log.Error("panic handling message", "panic", p, "stack", string(debug.Stack()))
+			c.notice("error: internal error")
+		}
+	}()
+	msg, perr := parseClientMessage(data)
+	if perr != nil {
+		switch {
+		case perr.eventID != "":
+			c.sendOK(perr.eventID, false, "invalid: "+perr.msg)
+		case perr.subID != "" && (perr.verb == verbREQ || perr.verb == verbCOUNT):
+			c.sendClosed(perr.subID, "invalid: "+perr.msg)
+		default:
+			c.notice("invalid: " + perr.msg)
+		}
+		return
+	}
+	switch msg.verb {
+	case verbEVENT:
+		c.handleEvent(msg.event)
+	case verbREQ:
+		c.handleReq(msg.subID, msg.filters)
+	case verbCOUNT:
+		c.handleCount(msg.subID, msg.filters)
+	case verbCLOSE:
+		c.handleClose(msg.subID)
+	case verbAUTH:
+		c.handleAuth(msg.event)
+	}
+}
+
+// writeLoop is the only goroutine that writes data frames. It also pings.
+func (c *conn) writeLoop() {
+	defer close(c.writerDone)
+	ping := time.NewTicker(pingPeriod)
+	defer ping.Stop()
+	for {
+		select {
+		case <-c.q.wake:
+			for {
+				batch := c.q.take()
+				if len(batch) == 0 {
+					break
+				}
+				n, err := writeTextFrames(c.ws.NetConn(), batch)
+				c.q.written(n)
+				if err != nil {
+					c.kill("write: " + err.Error())
+					return
+				}
+			}
+			if c.q.isClosed() && c.q.empty() {
+				// A graceful close: everything queued before closeWith went out; say goodbye.
+				code, text := c.closeCode()
+				_ = c.ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, text), timeNow().Add(time.Second))
+				// The read loop ends when the client answers the close frame, or at the grace timer.
+				return
+			}
+		case <-ping.C:
+			if err := c.ws.WriteControl(websocket.PingMessage, nil, timeNow().Add(writeWait)); err != nil {
+				c.kill("ping: " + err.Error())
+				return
+			}
+		case <-c.ctx.Done():
+			return
+		}
+	}
+}
+
+// writeTextFrames writes msgs as unfragmented, unmasked text frames (RFC 6455 5.2, server to
+// client) in one writev. gorilla writes one message per syscall; a REQ answer of 100 events is
+// then 100 syscalls, the largest cost of a query after PostgreSQL itself. Writing frames directly
+// is safe beside gorilla's own control frames (ping, close): each is a single Write on the net.Conn,
+// whose writes are atomic with respect to each other. Returns the payload bytes written.
+func writeTextFrames(nc net.Conn, msgs [][]byte) (int, error) {
+	headers := make([]byte, 0, 10*len(msgs))
+	bufs := make(net.Buffers, 0, 2*len(msgs))
+	total := 0
+	for _, m := range msgs {
+		start := len(headers)
+		headers = append(headers, 0x81) // FIN + text
+		switch n := len(m); {
+		case n <= 125:
+			headers = append(headers, byte(n))
+		case n <= 0xffff:
+			headers = append(headers, 126, byte(n>>8), byte(n))
+		default:
+			headers = append(headers, 127, 0, 0, 0, 0, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+		}
+		bufs = append(bufs, headers[start:len(headers):len(headers)], m)
+		total += len(m)
+	}
+	_ = nc.SetWriteDeadline(timeNow().Add(writeWait))
+	_, err := bufs.WriteTo(nc)
+	return total, err
+}
+
+type closeInfo struct {
+	code int
+	text string
+}
+
+func (c *conn) closeCode() (int, string) {
+	if ci := c.closing.Load(); ci != nil {
+		return ci.code, ci.text
+	}
+	return websocket.CloseNormalClosure, ""
+}
+
+// closeGracefully drops what is still queued (the client is going away or too slow to get it
+// anyway), sends the notice (if any) and a close frame, and cuts the connection after a grace
+// period if the client does not answer the close frame.
+func (c *conn) closeGracefully(code int, text, notice string) {
+	var last []byte
+	if notice != "" {
+		last = marshalArray("NOTICE", notice)
+	}
+	c.closing.CompareAndSwap(nil, &closeInfo{code, text})
+	if !c.q.closeWith(last) {
+		return
+	}
+	c.closeReason.CompareAndSwap(nil, text)
+	time.AfterFunc(slowCloseGrace, func() { c.kill(text) })
+}
+
+// kill tears the connection down now: it unblocks the read loop, the write loop and every query.
+func (c *conn) kill(reason string) {
+	c.killOnce.Do(func() {
+		c.closeReason.CompareAndSwap(nil, reason)
+		c.cancel()
+		_ = c.ws.Close()
+		c.q.closeWith(nil)
+	})
+}
+
+// overflow handles a live push that did not fit: the client stays behind, so it is told and closed.
+func (c *conn) overflow() {
+	if c.q.isClosed() {
+		return
+	}
+	metrics.SlowClientsClosed.Inc()
+	c.log.Warn("send queue overflow, closing slow client", "limit_bytes", c.s.cfg.SendQueueBytes)
+	c.closeGracefully(websocket.ClosePolicyViolation, "send queue overflow", "error: too slow, send queue full")
+}
+
+// send enqueues a reply to the client's own message; like live delivery it never waits: a full
+// queue means the client is not reading.
+func (c *conn) send(msg []byte) {
+	if !c.q.push(msg) {
+		c.overflow()
+	}
+}
+
+func (c *conn) notice(text string) { c.send(marshalArray("NOTICE", text)) }
+
+func (c *conn) sendOK(id string, ok bool, msg string) {
+	c.send(marshalOK(id, ok, msg))
+}
+
+func (c *conn) sendClosed(subID, msg string) { c.send(marshalArray("CLOSED", subID, msg)) }

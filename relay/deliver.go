@@ -1,0 +1,93 @@
+package relay
+
+import (
+	"context"
+	"slices"
+
+	"github.com/buzzpg/buzzpg/internal/evt"
+)
+
+// Deliver fans one event out to every matching live subscription this process holds, after the
+// read gate. It never waits for a client: a connection whose send queue is full is closed as a
+// slow reader. The only wait is a one-time member-set lookup for a DM not seen before (then cached
+// for good: DM member sets never change).
+func (s *Server) Deliver(d evt.Delivery) {
+	if d.Event == nil {
+		return
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			s.log.Error("panic in Deliver", "panic", p, "id", d.Event.ID)
+		}
+	}()
+	var members []string
+	if d.Scope.Kind == evt.ScopeChannel {
+		ctx, cancel := context.WithTimeout(context.Background(), memberLookupWait)
+		sets, err := s.members.membersOf(ctx, []string{d.Scope.Channel})
+		cancel()
+		if err != nil {
+			// Fail closed: nobody gets a gated event whose gate could not be checked.
+			s.log.Error("member lookup for delivery failed; event not delivered live", "id", d.Event.ID, "channel", d.Scope.Channel, "err", err)
+			return
+		}
+		members = sets[d.Scope.Channel]
+	}
+	isMember := func(channel, pubkey string) bool {
+		if channel != d.Scope.Channel {
+			return false
+		}
+		_, ok := slices.BinarySearch(members, pubkey)
+		return ok
+	}
+	var js []byte // built on first match, shared by all connections
+	for _, c := range s.snapshotConns() {
+		if !d.Scope.Readable(d.Event.PubKey, c.authedList(), isMember) {
+			continue
+		}
+		if js == nil {
+			js = eventJSON(d.Event)
+		}
+		c.deliver(d, js)
+	}
+}
+
+// deliver enqueues ev on each matching subscription of c.
+func (c *conn) deliver(d evt.Delivery, js []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if d.Due {
+		// A due signal re-sends an event the subscription has already seen: it bypasses the id
+		// de-dup and is de-duplicated per connection by (id, stamp) instead.
+		k := dueKey{id: keyOf(d.Event.ID), stamp: d.Stamp}
+		if c.dueSeen.has(k) {
+			return
+		}
+		c.dueSeen.add(k)
+	}
+	id := keyOf(d.Event.ID)
+	for _, sub := range c.subs {
+		if !sub.matchesAny(d) {
+			continue
+		}
+		sub.mu.Lock()
+		if sub.closed || (!d.Due && !sub.seen.add(id)) {
+			sub.mu.Unlock()
+			continue
+		}
+		ok := c.q.push(eventMessage(sub.prefix, js))
+		sub.mu.Unlock()
+		if !ok {
+			c.overflow()
+			return
+		}
+	}
+}
+
+func (s *subscription) matchesAny(d evt.Delivery) bool {
+	for _, f := range s.filters {
+		if f.matches(d.Event, d.Due) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,214 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/db"
+	"github.com/buzzpg/buzzpg/internal/metrics"
+	"github.com/buzzpg/buzzpg/internal/store"
+)
+
+const kindSnapshot = 30622 // NIP-DV visibility snapshot: relay-signed only
+const kindReminder = 30300 // NIP-ER reminder
+
+// handleEvent answers one EVENT with exactly one OK: Go checks first (shape, id, signature,
+// limits), then the one SQL call whose verdict goes back verbatim. Live delivery is not done
+// here: it comes through Deliver from the replication tail, for this process and all others.
+func (c *conn) handleEvent(ev *nostr.Event) {
+	if !c.allowEvent() {
+		c.replyEvent(ev.ID, false, "rate-limited: slow down, too many events")
+		return
+	}
+	if reason := c.s.checkEvent(ev, c.authedList(), timeNow()); reason != "" {
+		c.replyEvent(ev.ID, false, reason)
+		return
+	}
+	ok, msg, err := c.s.acceptEvent(c.ctx, ev)
+	if err != nil {
+		if c.ctx.Err() != nil {
+			return // the client is gone; nobody to answer
+		}
+		c.log.Error("accept_event failed", "id", ev.ID, "kind", ev.Kind, "sqlstate", db.SQLState(err), "err", err)
+		c.replyEvent(ev.ID, false, "error: could not store the event, try again later")
+		return
+	}
+	c.replyEvent(ev.ID, ok, msg)
+}
+
+// okPrefixes are the machine-readable OK prefixes (PROTOCOL.md), the metric's label values.
+var okPrefixes = []string{"duplicate", "invalid", "blocked", "rate-limited", "restricted", "auth-required", "error"}
+
+// replyEvent sends an EVENT's OK and counts its verdict by prefix.
+func (c *conn) replyEvent(id string, ok bool, msg string) {
+	verdict := "accepted"
+	if !ok {
+		verdict = "error"
+	}
+	if i := strings.IndexByte(msg, ':'); i > 0 && slices.Contains(okPrefixes, msg[:i]) {
+		verdict = msg[:i]
+	}
+	metrics.EventsAccepted.WithLabelValues(verdict).Inc()
+	c.sendOK(id, ok, msg)
+}
+
+// acceptEvent calls buzz.accept_event in one transaction (internal/store), retrying deadlocks
+// and serialization failures (events are idempotent by id, so a retry is safe). Client errors
+// come back as a verdict; err is only for failures that are not the client's.
+func (s *Server) acceptEvent(ctx context.Context, ev *nostr.Event) (bool, string, error) {
+	ctx, cancel := context.WithTimeout(ctx, acceptTimeout)
+	defer cancel()
+	start := time.Now()
+	ok, msg, err := store.AcceptJSON(ctx, s.accept, eventJSON(ev))
+	metrics.AcceptSeconds.Observe(time.Since(start).Seconds())
+	return ok, msg, err
+}
+
+// checkShapeAndSignature checks what every signed event needs: hex fields of the right length,
+// a kind in range, the id hashing the content (CheckSignature does not look at the id) and the
+// signature. Cheap checks run first; CheckID would panic on a short id.
+func checkShapeAndSignature(ev *nostr.Event) string {
+	switch {
+	case !isHex(ev.ID, 64):
+		return "invalid: id must be 64-character lowercase hex"
+	case !isHex(ev.PubKey, 64):
+		return "invalid: pubkey must be 64-character lowercase hex"
+	case !isHex(ev.Sig, 128):
+		return "invalid: sig must be 128-character lowercase hex"
+	case ev.Kind < 0 || ev.Kind > 65535:
+		return "invalid: kind must be between 0 and 65535"
+	case ev.CreatedAt < 0:
+		return "invalid: created_at must not be negative"
+	}
+	if strings.IndexByte(ev.Content, 0) >= 0 {
+		return "invalid: content contains a NUL character"
+	}
+	for _, t := range ev.Tags {
+		for _, v := range t {
+			if strings.IndexByte(v, 0) >= 0 {
+				return "invalid: tags contain a NUL character"
+			}
+		}
+	}
+	if !ev.CheckID() {
+		return "invalid: id does not match the event"
+	}
+	if ok, _ := ev.CheckSignature(); !ok {
+		return "invalid: bad signature"
+	}
+	return ""
+}
+
+// checkEvent is everything Go decides about an EVENT before SQL; "" means call accept_event.
+func (s *Server) checkEvent(ev *nostr.Event, authed []string, now time.Time) string {
+	// Limits first: they are cheaper than hashing and verifying.
+	if len(ev.Content) > s.cfg.MaxContentLength {
+		return fmt.Sprintf("invalid: content longer than %d bytes", s.cfg.MaxContentLength)
+	}
+	if len(ev.Tags) > s.cfg.MaxEventTags {
+		return fmt.Sprintf("invalid: more than %d tags", s.cfg.MaxEventTags)
+	}
+	if reason := checkShapeAndSignature(ev); reason != "" {
+		return reason
+	}
+	switch ev.Kind {
+	case nostr.KindClientAuthentication:
+		return "invalid: kind 22242 is for AUTH, not EVENT"
+	case kindSnapshot:
+		return "restricted: relay-only kind"
+	}
+	if int64(ev.CreatedAt) > now.Unix()+s.cfg.MaxFutureSeconds {
+		return "invalid: created_at too far in future"
+	}
+	if isProtected(ev) && !slices.Contains(authed, ev.PubKey) {
+		return "auth-required: this event is protected (NIP-70); AUTH as its author to publish it"
+	}
+	if ev.Kind == kindReminder {
+		return s.checkReminder(ev, now)
+	}
+	return ""
+}
+
+// isProtected reports a NIP-70 ["-"] tag.
+func isProtected(ev *nostr.Event) bool {
+	for _, t := range ev.Tags {
+		if len(t) >= 1 && t[0] == "-" {
+			return true
+		}
+	}
+	return false
+}
+
+// checkReminder applies NIP-ER's tag rules (PROTOCOL.md) before SQL, which checks them again.
+func (s *Server) checkReminder(ev *nostr.Event, now time.Time) string {
+	var d []string
+	var notBefore, expiration []string
+	for _, t := range ev.Tags {
+		if len(t) == 0 {
+			continue
+		}
+		switch t[0] {
+		case "d":
+			if len(t) >= 2 {
+				d = append(d, t[1])
+			} else {
+				d = append(d, "")
+			}
+		case "not_before":
+			if len(t) >= 2 {
+				notBefore = append(notBefore, t[1])
+			} else {
+				notBefore = append(notBefore, "")
+			}
+		case "expiration":
+			if len(t) >= 2 {
+				expiration = append(expiration, t[1])
+			}
+		}
+	}
+	if len(d) != 1 || d[0] == "" {
+		return "invalid: missing d tag"
+	}
+	if len(notBefore) == 0 {
+		return ""
+	}
+	if len(notBefore) > 1 {
+		return "invalid: malformed not_before"
+	}
+	nb, ok := parseUnixSeconds(notBefore[0])
+	if !ok {
+		return "invalid: malformed not_before"
+	}
+	if nb > now.Add(s.cfg.ReminderHorizon).Unix() {
+		return "invalid: not_before too far in future"
+	}
+	if len(expiration) > 0 {
+		if exp, err := strconv.ParseInt(expiration[0], 10, 64); err == nil && exp <= nb {
+			return "invalid: expiration before not_before"
+		}
+	}
+	return ""
+}
+
+// parseUnixSeconds accepts ASCII digits, no sign, no leading zero except "0", at most 2^53-1.
+func parseUnixSeconds(s string) (int64, bool) {
+	if s == "" || len(s) > 16 || (len(s) > 1 && s[0] == '0') {
+		return 0, false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n > 9007199254740991 {
+		return 0, false
+	}
+	return n, true
+}

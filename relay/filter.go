@@ -1,0 +1,227 @@
+package relay
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/nbd-wtf/go-nostr"
+)
+
+// compiledFilter is a validated NIP-01 filter, ready for SQL (filter_sql.go) and for matching
+// live events (matches). Both sides read the same fields, so the initial query and live delivery
+// agree on what a filter means.
+type compiledFilter struct {
+	ids     []string // nil: any
+	authors []string // nil: any
+	kinds   []int    // nil: any
+	tags    []tagCond
+	since   *int64
+	until   *int64
+	limit   int  // rows for the initial query; 0: none (limit:0 or a filter that matches nothing)
+	none    bool // matches nothing at all (an empty list, or since > until)
+}
+
+type tagCond struct {
+	letter  string
+	values  []string
+	tagvals []string // "x:value", the form of buzz.events.tagvals
+}
+
+// filterError is a filter the relay refuses; its text follows "invalid: ".
+type filterError string
+
+func (e filterError) Error() string { return string(e) }
+
+type filterLimits struct {
+	maxLimit, defaultLimit int
+}
+
+// compileFilter validates f. Lists are exact-match: ids and authors must be 64-character lowercase
+// hex (NIP-01), kinds 0-65535, tag filters single letters. An empty list matches nothing.
+func compileFilter(f nostr.Filter, lim filterLimits) (*compiledFilter, error) {
+	cf := &compiledFilter{}
+	if f.Search != "" {
+		return nil, filterError("search (NIP-50) is not supported")
+	}
+	var err error
+	if cf.ids, err = hexList("ids", f.IDs); err != nil {
+		return nil, err
+	}
+	if cf.authors, err = hexList("authors", f.Authors); err != nil {
+		return nil, err
+	}
+	if f.Kinds != nil {
+		if len(f.Kinds) > maxFilterValues {
+			return nil, filterError(fmt.Sprintf("too many kinds in a filter (max %d)", maxFilterValues))
+		}
+		cf.kinds = make([]int, 0, len(f.Kinds))
+		for _, k := range f.Kinds {
+			if k < 0 || k > 65535 {
+				return nil, filterError("kinds must be between 0 and 65535")
+			}
+			cf.kinds = append(cf.kinds, k)
+		}
+		slices.Sort(cf.kinds)
+		cf.kinds = slices.Compact(cf.kinds)
+		if len(cf.kinds) == 0 {
+			cf.none = true
+		}
+	}
+	letters := make([]string, 0, len(f.Tags))
+	for k := range f.Tags {
+		letters = append(letters, k)
+	}
+	slices.Sort(letters) // deterministic SQL text: prepared-statement cache hits
+	for _, letter := range letters {
+		vals := f.Tags[letter]
+		if len(letter) != 1 || !(letter[0] >= 'a' && letter[0] <= 'z' || letter[0] >= 'A' && letter[0] <= 'Z') {
+			return nil, filterError("only single-letter tag filters (#a-#z, #A-#Z) are supported")
+		}
+		if len(vals) > maxFilterValues {
+			return nil, filterError(fmt.Sprintf("too many values for #%s (max %d)", letter, maxFilterValues))
+		}
+		tc := tagCond{letter: letter}
+		for _, v := range vals {
+			if strings.IndexByte(v, 0) >= 0 || !utf8.ValidString(v) {
+				return nil, filterError("tag values must be valid UTF-8 without NUL")
+			}
+			tc.values = append(tc.values, v)
+			tc.tagvals = append(tc.tagvals, letter+":"+v)
+		}
+		if len(tc.values) == 0 {
+			cf.none = true
+		}
+		cf.tags = append(cf.tags, tc)
+	}
+	if f.Since != nil {
+		v := int64(*f.Since)
+		cf.since = &v
+	}
+	if f.Until != nil {
+		v := int64(*f.Until)
+		cf.until = &v
+	}
+	if cf.since != nil && cf.until != nil && *cf.since > *cf.until {
+		cf.none = true
+	}
+	if cf.ids != nil && len(cf.ids) == 0 || cf.authors != nil && len(cf.authors) == 0 {
+		cf.none = true
+	}
+	switch {
+	case f.Limit < 0:
+		return nil, filterError("limit must not be negative")
+	case f.LimitZero || cf.none:
+		cf.limit = 0
+	case f.Limit == 0:
+		cf.limit = lim.defaultLimit
+	case f.Limit > lim.maxLimit:
+		cf.limit = lim.maxLimit
+	default:
+		cf.limit = f.Limit
+	}
+	if cf.ids != nil && cf.limit > len(cf.ids) {
+		cf.limit = len(cf.ids) // ids are unique: no more rows than ids
+	}
+	return cf, nil
+}
+
+func hexList(name string, vals []string) ([]string, error) {
+	if vals == nil {
+		return nil, nil
+	}
+	if len(vals) > maxFilterValues {
+		return nil, filterError(fmt.Sprintf("too many %s in a filter (max %d)", name, maxFilterValues))
+	}
+	out := make([]string, 0, len(vals))
+	for _, v := range vals {
+		if !isHex(v, 64) {
+			return nil, filterError(name + " must be 64-character lowercase hex")
+		}
+		out = append(out, v)
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+// tag returns the values of the #letter condition, or nil when the filter has none.
+func (cf *compiledFilter) tag(letter string) []string {
+	for _, t := range cf.tags {
+		if t.letter == letter {
+			return t.values
+		}
+	}
+	return nil
+}
+
+func (cf *compiledFilter) hasTag(letter string) bool {
+	for _, t := range cf.tags {
+		if t.letter == letter {
+			return true
+		}
+	}
+	return false
+}
+
+// matches reports whether ev matches; ignoreTime skips since/until (NIP-ER due signals).
+func (cf *compiledFilter) matches(ev *nostr.Event, ignoreTime bool) bool {
+	if cf.none {
+		return false
+	}
+	if cf.ids != nil && !sortedContains(cf.ids, ev.ID) {
+		return false
+	}
+	if cf.authors != nil && !sortedContains(cf.authors, ev.PubKey) {
+		return false
+	}
+	if cf.kinds != nil {
+		if _, ok := slices.BinarySearch(cf.kinds, ev.Kind); !ok {
+			return false
+		}
+	}
+	if !ignoreTime {
+		if cf.since != nil && int64(ev.CreatedAt) < *cf.since {
+			return false
+		}
+		if cf.until != nil && int64(ev.CreatedAt) > *cf.until {
+			return false
+		}
+	}
+	for _, tc := range cf.tags {
+		if !eventHasTag(ev, tc.letter, tc.values) {
+			return false
+		}
+	}
+	return true
+}
+
+func sortedContains(sorted []string, s string) bool {
+	_, ok := slices.BinarySearch(sorted, s)
+	return ok
+}
+
+func eventHasTag(ev *nostr.Event, letter string, values []string) bool {
+	for _, t := range ev.Tags {
+		if len(t) >= 2 && t[0] == letter && slices.Contains(values, t[1]) {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *conn) compileFilters(filters []nostr.Filter) ([]*compiledFilter, error) {
+	if len(filters) > c.s.cfg.MaxFilters {
+		return nil, filterError(fmt.Sprintf("too many filters (max %d)", c.s.cfg.MaxFilters))
+	}
+	lim := filterLimits{maxLimit: c.s.cfg.MaxLimit, defaultLimit: c.s.cfg.DefaultLimit}
+	out := make([]*compiledFilter, 0, len(filters))
+	for _, f := range filters {
+		cf, err := compileFilter(f, lim)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, cf)
+	}
+	return out, nil
+}

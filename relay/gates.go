@@ -1,0 +1,73 @@
+package relay
+
+import (
+	"context"
+	"slices"
+)
+
+// Kinds whose every row is gated, by gate class (PROTOCOL.md "Read gates"). Used only to decide
+// from a filter's shape whether it can match anything readable; the authoritative gate is the SQL
+// (gateSQL) and, for live events, evt.Scope computed by accept_event.
+var (
+	authorOnlyKinds = []int{30300, 41010, 41011, 41012}
+	pGatedKinds     = []int{1059, 30622}
+)
+
+// gateClosure decides the PROTOCOL.md closing rule for one filter: "" when the filter can match
+// rows this connection may read (it is answered with those, the rest silently omitted);
+// otherwise the CLOSED reason: auth-required when not authenticated, restricted when
+// authenticated as someone else.
+func (c *conn) gateClosure(ctx context.Context, cf *compiledFilter, authed []string) (string, error) {
+	if cf.none {
+		return "", nil // matches nothing: an empty answer hides nothing
+	}
+	readable := true
+	if cf.kinds != nil {
+		readable = false
+		for _, k := range cf.kinds {
+			switch {
+			case slices.Contains(authorOnlyKinds, k):
+				readable = readable || intersects(cf.authors, authed)
+			case slices.Contains(pGatedKinds, k):
+				readable = readable || intersects(cf.tag("p"), authed)
+			default:
+				readable = true
+			}
+			if readable {
+				break
+			}
+		}
+	}
+	if readable && cf.hasTag("h") {
+		// Every stored h tag names a DM (accept_event refuses others), so a filter on h values
+		// none of which is a DM of an authenticated pubkey can only match gated rows.
+		ok, err := c.s.members.anyMember(ctx, cf.tag("h"), authed)
+		if err != nil {
+			return "", err
+		}
+		readable = ok
+	}
+	if readable {
+		return "", nil
+	}
+	if len(authed) == 0 {
+		return "auth-required: this filter only matches events readable after AUTH", nil
+	}
+	return "restricted: this filter only matches events you may not read", nil
+}
+
+// intersects reports whether list (nil meaning "any value") shares a value with authed.
+func intersects(list, authed []string) bool {
+	if len(authed) == 0 {
+		return false
+	}
+	if list == nil {
+		return true
+	}
+	for _, a := range authed {
+		if slices.Contains(list, a) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,99 @@
+package relay
+
+import (
+	"errors"
+	"log/slog"
+	"time"
+)
+
+// Config configures a Server. Zero values take the defaults below; every limit enforced here is
+// advertised in the NIP-11 document so clients can stay inside it.
+type Config struct {
+	RelayURL         string // for the NIP-42 relay tag check; empty: ws://<Host header>
+	RelaySecretKey   string // hex; its pubkey goes into NIP-11
+	Name             string
+	Description      string
+	MaxMessageLength int           // websocket read limit in bytes; default 131072
+	MaxSubscriptions int           // per connection, default 32
+	MaxFilters       int           // per REQ/COUNT, default 16
+	MaxLimit         int           // default 5000
+	DefaultLimit     int           // default 500
+	MaxEventTags     int           // default 2000
+	MaxContentLength int           // bytes, default 65536
+	MaxFutureSeconds int64         // created_at upper bound relative to now, default 900
+	SendQueueBytes   int           // per-connection send queue bound, default 4 MiB
+	QueryTimeout     time.Duration // per REQ/COUNT query, default 5s
+	// MaxQueriesInFlight bounds concurrent REQ/COUNT queries per connection (default 4); a client
+	// that sends more waits (its reads stop) instead of taking more of the query pool.
+	MaxQueriesInFlight int
+	ReminderHorizon    time.Duration // how far ahead a 30300 not_before may be; default one year
+	// Rate limits (token buckets); a rate of 0 means unlimited. Per connection, and per client IP
+	// across all its connections. Over the limit: OK/CLOSED "rate-limited: ...".
+	EventRate   float64 // EVENTs per second per connection
+	EventBurst  int     // default 100
+	ReqRate     float64 // REQ+COUNT per second per connection
+	ReqBurst    int     // default 50
+	IPEventRate float64 // EVENTs per second per client IP (burst: EventBurst)
+	IPReqRate   float64 // REQ+COUNT per second per client IP (burst: ReqBurst)
+	Logger      *slog.Logger
+}
+
+// Fixed limits that need no knob; advertised in NIP-11 where a client can run into them.
+const (
+	maxSubIDLength   = 64   // NIP-01
+	maxFilterValues  = 1000 // per ids/authors/kinds/#x list of one filter: a "huge filter" beyond this is refused
+	maxAuthPubkeys   = 16   // pubkeys authenticated on one connection
+	authWindow       = 10 * time.Minute
+	acceptTimeout    = 15 * time.Second
+	writeWait        = 10 * time.Second // one frame must leave within this, or the peer is dead/stuck
+	pongWait         = 75 * time.Second // read deadline, renewed by any frame from the client
+	pingPeriod       = 30 * time.Second
+	slowCloseGrace   = 2 * time.Second // after a send-queue overflow, how long the NOTICE + close frame may take
+	seenPerSub       = 4096            // live de-dup ids remembered per subscription (FIFO)
+	duePerConn       = 1024            // (id, stamp) due signals remembered per connection
+	recentWindow     = "5 minutes"     // initial results younger than this are remembered for de-dup
+	memberCacheSize  = 65536           // channels whose member set is cached
+	memberLookupWait = 3 * time.Second
+	// maxInitialBytes bounds what one REQ's initial query holds in memory before sending; the
+	// oldest rows beyond it are dropped (NIP-01 lets a relay return fewer than limit).
+	maxInitialBytes = 16 << 20
+)
+
+func (c *Config) applyDefaults() error {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&c.MaxMessageLength, 131072)
+	def(&c.MaxSubscriptions, 32)
+	def(&c.MaxFilters, 16)
+	def(&c.MaxLimit, 5000)
+	def(&c.DefaultLimit, 500)
+	def(&c.MaxEventTags, 2000)
+	def(&c.MaxContentLength, 65536)
+	def(&c.SendQueueBytes, 4<<20)
+	def(&c.MaxQueriesInFlight, 4)
+	def(&c.EventBurst, 100)
+	def(&c.ReqBurst, 50)
+	if c.MaxFutureSeconds <= 0 {
+		c.MaxFutureSeconds = 900
+	}
+	if c.QueryTimeout <= 0 {
+		c.QueryTimeout = 5 * time.Second
+	}
+	if c.ReminderHorizon <= 0 {
+		c.ReminderHorizon = 365 * 24 * time.Hour
+	}
+	if c.DefaultLimit > c.MaxLimit {
+		c.DefaultLimit = c.MaxLimit
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.SendQueueBytes < c.MaxMessageLength {
+		// A queue smaller than one full event could never hold a reply to a maximal EVENT.
+		return errors.New("relay: SendQueueBytes must be at least MaxMessageLength")
+	}
+	return nil
+}

@@ -1,0 +1,123 @@
+package relay
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+func TestRateLimits(t *testing.T) {
+	tr := startRelay(t, func(c *Config) {
+		c.EventRate, c.EventBurst = 0.001, 2 // two EVENTs, then none for a long time
+		c.ReqRate, c.ReqBurst = 0.001, 2
+	})
+	c := tr.dial(t)
+	sk, pk := testenv.NewKey()
+	now := nostr.Now()
+	c.mustPublish(signed(sk, 1, "1", now))
+	c.mustPublish(signed(sk, 1, "2", now))
+	third := signed(sk, 1, "3", now)
+	if r := c.publish(third); r.ok || !strings.HasPrefix(r.msg, "rate-limited:") {
+		t.Fatalf("third EVENT: %+v", r)
+	}
+	if n := tr.eventCount(t, "id = $1", third.ID); n != 0 {
+		t.Fatal("rate-limited event stored")
+	}
+	c.req("a", nostr.Filter{Authors: []string{pk}})
+	c.req("b", nostr.Filter{Authors: []string{pk}})
+	if _, closed := c.reqOrClosed("c", nostr.Filter{Authors: []string{pk}}); !strings.HasPrefix(closed, "rate-limited:") {
+		t.Fatalf("third REQ: %q", closed)
+	}
+	// Another connection has its own budget.
+	c2 := tr.dial(t)
+	c2.mustPublish(third)
+}
+
+// TestQueriesDoNotStallAcceptance: with every query-pool connection taken (a flood of expensive
+// REQs), EVENTs are still accepted at once, and a REQ ends with "error: query timed out" instead
+// of hanging.
+func TestQueriesDoNotStallAcceptance(t *testing.T) {
+	tr := startRelay(t, func(c *Config) { c.QueryTimeout = 2 * time.Second })
+	ctx := context.Background()
+	var held []*pgxpool.Conn
+	for i := int32(0); i < tr.s.query.Config().MaxConns; i++ {
+		conn, err := tr.s.query.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, conn)
+	}
+	defer func() {
+		for _, h := range held {
+			h.Release()
+		}
+	}()
+	c := tr.dial(t)
+	sk, _ := testenv.NewKey()
+	c.sendJSON("REQ", "slow", nostr.Filter{Kinds: []int{1}, Limit: 10})
+	ev := signed(sk, 1, "still accepted", nostr.Now())
+	start := time.Now()
+	c.sendJSON("EVENT", ev)
+	// Replies in arrival order: the OK must come without waiting for the stuck query.
+	var gotOK, gotClosed bool
+	for !gotOK || !gotClosed {
+		m := c.read()
+		switch c.verb(m) {
+		case "OK":
+			r := parseOK(t, m)
+			if !r.ok {
+				t.Fatalf("EVENT refused: %s", r.msg)
+			}
+			if gotClosed {
+				t.Fatal("OK waited for the query to time out")
+			}
+			if d := time.Since(start); d > time.Second {
+				t.Logf("OK after %s (loaded machine?)", d)
+			}
+			gotOK = true
+		case "CLOSED":
+			if str(m[1]) != "slow" || !strings.HasPrefix(str(m[2]), "error: query timed out") {
+				t.Fatalf("CLOSED: %s", joinRaw(m))
+			}
+			gotClosed = true
+		case "EOSE":
+			t.Fatal("query answered although no query connection was free")
+		}
+	}
+}
+
+// TestQueryConnStatementTimeout: query-pool connections carry the query timeout server-side too.
+func TestQueryConnStatementTimeout(t *testing.T) {
+	tr := startRelay(t, func(c *Config) { c.QueryTimeout = 1500 * time.Millisecond })
+	ctx := context.Background()
+	for i := 0; i < 3; i++ { // a fresh and a reused connection
+		pc, err := tr.s.acquireQueryConn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v string
+		if err := pc.QueryRow(ctx, `SHOW statement_timeout`).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		pc.Release()
+		if v != "1500ms" {
+			t.Fatalf("statement_timeout = %q", v)
+		}
+	}
+	// And a query running longer than that is ended by PostgreSQL itself.
+	pc, err := tr.s.acquireQueryConn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Release()
+	_, err = pc.Exec(ctx, `SELECT pg_sleep(5)`)
+	if !isTimeout(err) {
+		t.Fatalf("pg_sleep(5): %v", err)
+	}
+}

@@ -1,0 +1,130 @@
+package relay
+
+import (
+	"context"
+	"slices"
+	"sync"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// memberCache holds DM member sets. A DM's participant set never changes (PROTOCOL.md), so a
+// non-empty set read once is true forever; an empty answer is not cached (the channel may be
+// committing right now, or not exist). Bounded: the oldest channel is forgotten first.
+type memberCache struct {
+	pool  *pgxpool.Pool
+	mu    sync.Mutex
+	sets  map[string][]string // channel uuid (canonical text) -> sorted member pubkeys
+	order []string            // FIFO ring of cached channels
+	next  int
+	cap   int
+}
+
+func newMemberCache(pool *pgxpool.Pool, capacity int) *memberCache {
+	return &memberCache{pool: pool, sets: map[string][]string{}, cap: capacity}
+}
+
+func (mc *memberCache) get(channel string) ([]string, bool) {
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	s, ok := mc.sets[channel]
+	return s, ok
+}
+
+func (mc *memberCache) put(channel string, members []string) {
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	if _, ok := mc.sets[channel]; ok {
+		return
+	}
+	if len(mc.order) < mc.cap {
+		mc.order = append(mc.order, channel)
+	} else {
+		delete(mc.sets, mc.order[mc.next])
+		mc.order[mc.next] = channel
+		mc.next = (mc.next + 1) % mc.cap
+	}
+	mc.sets[channel] = members
+}
+
+// membersOf returns the member sets of the given channels (absent: no such channel / no members).
+// Values that are not canonical UUIDs name no channel and are skipped without a query.
+func (mc *memberCache) membersOf(ctx context.Context, channels []string) (map[string][]string, error) {
+	out := make(map[string][]string, len(channels))
+	var missing []string
+	for _, ch := range channels {
+		if !isCanonicalUUID(ch) {
+			continue
+		}
+		if s, ok := mc.get(ch); ok {
+			out[ch] = s
+		} else if !slices.Contains(missing, ch) {
+			missing = append(missing, ch)
+		}
+	}
+	if len(missing) == 0 {
+		return out, nil
+	}
+	rows, err := mc.pool.Query(ctx,
+		`SELECT channel_id::text, pubkey FROM buzz.members WHERE channel_id = ANY($1::uuid[])`, missing)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	loaded := map[string][]string{}
+	for rows.Next() {
+		var ch, pk string
+		if err := rows.Scan(&ch, &pk); err != nil {
+			return nil, err
+		}
+		loaded[ch] = append(loaded[ch], pk)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for ch, pks := range loaded {
+		slices.Sort(pks)
+		mc.put(ch, pks)
+		out[ch] = pks
+	}
+	return out, nil
+}
+
+// anyMember reports whether any of pubkeys is a member of any of channels.
+func (mc *memberCache) anyMember(ctx context.Context, channels, pubkeys []string) (bool, error) {
+	if len(pubkeys) == 0 {
+		return false, nil
+	}
+	sets, err := mc.membersOf(ctx, channels)
+	if err != nil {
+		return false, err
+	}
+	for _, members := range sets {
+		for _, pk := range pubkeys {
+			if _, ok := slices.BinarySearch(members, pk); ok {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
+func isCanonicalUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i := 0; i < 36; i++ {
+		c := s[i]
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+				return false
+			}
+		}
+	}
+	return true
+}

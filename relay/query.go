@@ -1,0 +1,349 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/hooks"
+	"github.com/buzzpg/buzzpg/internal/metrics"
+)
+
+// handleReq registers the subscription (replacing one with the same id), then runs the initial
+// query in the background. Registration comes first so nothing committed during the query is
+// lost: it arrives through Deliver and the per-subscription seen set drops the overlap.
+func (c *conn) handleReq(subID string, filters []nostr.Filter) {
+	c.mu.Lock()
+	old := c.subs[subID]
+	delete(c.subs, subID)
+	c.mu.Unlock()
+	if old != nil {
+		old.close() // a REQ with the same id replaces the old subscription, whatever happens next
+	}
+	if !c.allowReq("REQ") {
+		c.sendClosed(subID, "rate-limited: too many requests, slow down")
+		return
+	}
+
+	cfs, err := c.compileFilters(filters)
+	if err != nil {
+		c.sendClosed(subID, "invalid: "+err.Error())
+		return
+	}
+	if reason := c.checkGates(cfs); reason != "" {
+		c.sendClosed(subID, reason)
+		return
+	}
+
+	c.mu.Lock()
+	if len(c.subs) >= c.s.cfg.MaxSubscriptions {
+		c.mu.Unlock()
+		c.sendClosed(subID, fmt.Sprintf("restricted: too many subscriptions (max %d)", c.s.cfg.MaxSubscriptions))
+		return
+	}
+	sub := newSubscription(c.ctx, subID, cfs)
+	c.subs[subID] = sub
+	c.mu.Unlock()
+	hooks.At(sub.ctx, "relay.req.registered")
+
+	if !c.acquireQuery(sub.ctx) {
+		return
+	}
+	go func() {
+		defer c.releaseQuery()
+		defer c.recoverQuery(subID)
+		c.runInitial(sub)
+	}()
+}
+
+// checkGates applies the gate closing rule to every filter: one filter that can only match
+// unreadable rows closes the whole REQ, so the client learns it should AUTH (a subscription
+// cannot be half closed, and silently dropping part of it would leave the client waiting).
+func (c *conn) checkGates(cfs []*compiledFilter) string {
+	authed := c.authedList()
+	ctx, cancel := context.WithTimeout(c.ctx, memberLookupWait)
+	defer cancel()
+	for _, cf := range cfs {
+		reason, err := c.gateClosure(ctx, cf, authed)
+		if err != nil {
+			c.log.Warn("membership lookup failed", "err", err)
+			return "error: could not check channel membership"
+		}
+		if reason != "" {
+			return reason
+		}
+	}
+	return ""
+}
+
+func (c *conn) acquireQuery(ctx context.Context) bool {
+	select {
+	case c.querySem <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (c *conn) releaseQuery() { <-c.querySem }
+
+func (c *conn) recoverQuery(subID string) {
+	if p := recover(); p != nil {
+		c.log.Error("panic in query", "sub", subID, "panic", p, "stack", string(debug.Stack()))
+		c.sendClosed(subID, "error: internal error")
+	}
+}
+
+type storedRow struct {
+	id     string
+	json   []byte
+	recent bool
+}
+
+// runInitial runs the REQ's initial query, sends the rows the subscription has not seen yet, then
+// EOSE. The rows are read completely (bounded by maxInitialBytes) before sending, so a slow client
+// holds no database connection.
+func (c *conn) runInitial(sub *subscription) {
+	rows, err := c.queryStored(sub.ctx, sub.filters)
+	if err != nil {
+		if sub.ctx.Err() != nil {
+			return // closed, replaced, or the connection went away
+		}
+		c.removeSub(sub)
+		c.sendClosed(sub.id, queryErrorReason(err))
+		if !isTimeout(err) {
+			c.log.Error("REQ query failed", "sub", sub.id, "err", err)
+		}
+		return
+	}
+	hooks.At(sub.ctx, "relay.req.queried")
+	for _, r := range rows {
+		key := keyOf(r.id)
+		msg := eventMessage(sub.prefix, r.json)
+		sent := sub.sendLocked(c, msg, func() bool {
+			if sub.seen.has(key) {
+				return false // already delivered live
+			}
+			if r.recent {
+				// Only rows young enough to still be on their way through replication can arrive
+				// live again; remembering just those keeps the set small for large answers.
+				sub.seen.add(key)
+			}
+			return true
+		})
+		if !sent {
+			return
+		}
+	}
+	sub.sendLocked(c, marshalArray("EOSE", sub.id), nil)
+}
+
+// sendLocked enqueues msg for sub, deciding (want, under sub.mu) and enqueueing in one critical
+// section, so that nothing is sent for a subscription once it is closed or replaced, and a live
+// delivery of the same id cannot slip between the de-dup check and the enqueue. It waits for room
+// outside the lock (Deliver takes sub.mu and must never wait for a client). It returns false when
+// the subscription or connection is done.
+func (sub *subscription) sendLocked(c *conn, msg []byte, want func() bool) bool {
+	decided := false
+	for {
+		sub.mu.Lock()
+		if sub.closed {
+			sub.mu.Unlock()
+			return false
+		}
+		if !decided && want != nil {
+			if !want() {
+				sub.mu.Unlock()
+				return true
+			}
+			decided = true
+		}
+		ok, room, done := c.q.pushHalf(msg)
+		sub.mu.Unlock()
+		if ok {
+			return true
+		}
+		if done {
+			return false
+		}
+		select {
+		case <-room:
+		case <-sub.ctx.Done():
+			return false
+		}
+	}
+}
+
+// queryStored reads the initial rows of filters, newest first, de-duplicated across filters.
+func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) ([]storedRow, error) {
+	sql, args := reqSQL(filters, c.authedList())
+	if sql == "" {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.s.cfg.QueryTimeout)
+	defer cancel()
+	start := time.Now()
+	defer func() { metrics.Queries.WithLabelValues("REQ").Observe(time.Since(start).Seconds()) }()
+	pc, err := c.s.acquireQueryConn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer pc.Release()
+	rows, err := pc.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []storedRow
+	var ev nostr.Event
+	var tags string
+	var recent bool
+	total := 0
+	prev := ""
+	for rows.Next() {
+		var kind int32
+		var createdAt int64
+		if err := rows.Scan(&ev.ID, &ev.PubKey, &createdAt, &kind, &tags, &ev.Content, &ev.Sig, &recent); err != nil {
+			return nil, err
+		}
+		if ev.ID == prev {
+			continue // the same row matched by another filter: adjacent in (created_at, id) order
+		}
+		prev = ev.ID
+		ev.CreatedAt = nostr.Timestamp(createdAt)
+		ev.Kind = int(kind)
+		js := storedEventJSON(&ev, tags)
+		total += len(js)
+		if total > maxInitialBytes {
+			c.log.Info("initial query truncated", "bytes", maxInitialBytes, "rows", len(out))
+			break
+		}
+		out = append(out, storedRow{id: ev.ID, json: js, recent: recent})
+	}
+	return out, rows.Err()
+}
+
+// storedEventJSON builds an event's JSON from a row; tags come as jsonb text, already JSON.
+func storedEventJSON(ev *nostr.Event, tagsJSON string) []byte {
+	w := newWriter()
+	w.RawString(`{"id":`)
+	w.String(ev.ID)
+	w.RawString(`,"pubkey":`)
+	w.String(ev.PubKey)
+	w.RawString(`,"created_at":`)
+	w.Int64(int64(ev.CreatedAt))
+	w.RawString(`,"kind":`)
+	w.Int(ev.Kind)
+	w.RawString(`,"tags":`)
+	w.RawString(tagsJSON)
+	w.RawString(`,"content":`)
+	w.String(ev.Content)
+	w.RawString(`,"sig":`)
+	w.String(ev.Sig)
+	w.RawByte('}')
+	b, _ := w.BuildBytes()
+	return b
+}
+
+// handleCount answers NIP-45 COUNT with the same gates as REQ.
+func (c *conn) handleCount(subID string, filters []nostr.Filter) {
+	if !c.allowReq("COUNT") {
+		c.sendClosed(subID, "rate-limited: too many requests, slow down")
+		return
+	}
+	cfs, err := c.compileFilters(filters)
+	if err != nil {
+		c.sendClosed(subID, "invalid: "+err.Error())
+		return
+	}
+	if reason := c.checkGates(cfs); reason != "" {
+		c.sendClosed(subID, reason)
+		return
+	}
+	if !c.acquireQuery(c.ctx) {
+		return
+	}
+	go func() {
+		defer c.releaseQuery()
+		defer c.recoverQuery(subID)
+		n, err := c.count(c.ctx, cfs)
+		if err != nil {
+			if c.ctx.Err() != nil {
+				return
+			}
+			if !isTimeout(err) {
+				c.log.Error("COUNT query failed", "sub", subID, "err", err)
+			}
+			c.sendClosed(subID, queryErrorReason(err))
+			return
+		}
+		c.send(marshalCount(subID, n))
+	}()
+}
+
+func (c *conn) count(ctx context.Context, cfs []*compiledFilter) (int64, error) {
+	sql, args := countSQL(cfs, c.authedList())
+	if sql == "" {
+		return 0, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.s.cfg.QueryTimeout)
+	defer cancel()
+	start := time.Now()
+	defer func() { metrics.Queries.WithLabelValues("COUNT").Observe(time.Since(start).Seconds()) }()
+	pc, err := c.s.acquireQueryConn(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer pc.Release()
+	var n int64
+	err = pc.QueryRow(ctx, sql, args...).Scan(&n)
+	return n, err
+}
+
+// acquireQueryConn takes a query-pool connection whose session statement_timeout is the query
+// timeout. The context deadline already cancels a query from Go; the server-side timeout also
+// ends it when the cancel request cannot reach PostgreSQL. Set once per physical connection.
+func (s *Server) acquireQueryConn(ctx context.Context) (*pgxpool.Conn, error) {
+	pc, err := s.query.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	key := pc.Conn().PgConn()
+	if _, done := s.timeoutSet.Load(key); !done {
+		ms := strconv.FormatInt(s.cfg.QueryTimeout.Milliseconds(), 10)
+		if _, err := pc.Exec(ctx, `SELECT set_config('statement_timeout', $1, false)`, ms); err != nil {
+			pc.Release()
+			return nil, err
+		}
+		if s.timeoutSetLen.Add(1) > 10000 {
+			// Closed connections leave entries behind; forgetting all of them only costs one
+			// more set_config per live connection.
+			s.timeoutSet.Clear()
+			s.timeoutSetLen.Store(0)
+		}
+		s.timeoutSet.Store(key, struct{}{})
+	}
+	return pc, nil
+}
+
+func isTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "57014" { // query_canceled (statement_timeout)
+		return true
+	}
+	return errors.Is(err, context.DeadlineExceeded)
+}
+
+func queryErrorReason(err error) string {
+	if isTimeout(err) {
+		return "error: query timed out"
+	}
+	return "error: query failed"
+}

@@ -1,0 +1,214 @@
+package relay
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"testing"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/evt"
+	"github.com/buzzpg/buzzpg/internal/hooks"
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+func nonce() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func randHex64() string {
+	var b [32]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// TestFilters stores a small fixed set through EVENT and checks every filter field, their
+// combinations, ordering (newest first, ties by lowest id), limit, and several filters in one REQ.
+func TestFilters(t *testing.T) {
+	tr := startRelay(t, nil)
+	c := tr.dial(t)
+	skA, pkA := testenv.NewKey()
+	skB, pkB := testenv.NewKey()
+	tagT := "t-" + nonce() // unique per run: the package database is shared by tests
+	refE, refP := randHex64(), randHex64()
+	base := int64(nostr.Now()) - 10000
+
+	e1 := signed(skA, 1, "one", nostr.Timestamp(base+1), nostr.Tag{"t", tagT})
+	e2 := signed(skA, 1, "two", nostr.Timestamp(base+2), nostr.Tag{"e", refE}, nostr.Tag{"p", refP})
+	e3 := signed(skA, 7, "three", nostr.Timestamp(base+3), nostr.Tag{"t", tagT + "x"}, nostr.Tag{"q", "quux-" + tagT})
+	e4 := signed(skA, 30023, "four", nostr.Timestamp(base+4), nostr.Tag{"d", "art-" + tagT})
+	e5 := signed(skA, 1, "five", nostr.Timestamp(base+5))
+	e6 := signed(skA, 1, "six", nostr.Timestamp(base+5)) // same created_at as e5
+	f1 := signed(skB, 1, "b-one", nostr.Timestamp(base+3), nostr.Tag{"t", tagT})
+	for _, ev := range []nostr.Event{e1, e2, e3, e4, e5, e6, f1} {
+		c.mustPublish(ev)
+	}
+	tie1, tie2 := e5, e6
+	if e6.ID < e5.ID {
+		tie1, tie2 = e6, e5
+	}
+	A, B := []string{pkA}, []string{pkB}
+
+	cases := []struct {
+		name string
+		f    []nostr.Filter
+		want []nostr.Event
+	}{
+		{"authors newest first, tie by lowest id", []nostr.Filter{{Authors: A}}, []nostr.Event{tie1, tie2, e4, e3, e2, e1}},
+		{"ids", []nostr.Filter{{IDs: []string{e2.ID, f1.ID}}}, []nostr.Event{f1, e2}},
+		{"kinds+authors", []nostr.Filter{{Kinds: []int{7}, Authors: A}}, []nostr.Event{e3}},
+		{"several kinds", []nostr.Filter{{Kinds: []int{7, 30023}, Authors: A}}, []nostr.Event{e4, e3}},
+		{"#t across authors", []nostr.Filter{{Tags: nostr.TagMap{"t": {tagT}}}}, []nostr.Event{f1, e1}},
+		{"#t two values", []nostr.Filter{{Tags: nostr.TagMap{"t": {tagT, tagT + "x"}}, Authors: A}}, []nostr.Event{e3, e1}},
+		{"#e", []nostr.Filter{{Tags: nostr.TagMap{"e": {refE}}}}, []nostr.Event{e2}},
+		{"#p", []nostr.Filter{{Tags: nostr.TagMap{"p": {refP}}}}, []nostr.Event{e2}},
+		{"#e and #p", []nostr.Filter{{Tags: nostr.TagMap{"e": {refE}, "p": {refP}}}}, []nostr.Event{e2}},
+		{"#e and #p mismatch", []nostr.Filter{{Tags: nostr.TagMap{"e": {refE}, "p": {refE}}}}, nil},
+		{"#d", []nostr.Filter{{Tags: nostr.TagMap{"d": {"art-" + tagT}}}}, []nostr.Event{e4}},
+		{"arbitrary letter #q", []nostr.Filter{{Tags: nostr.TagMap{"q": {"quux-" + tagT}}}}, []nostr.Event{e3}},
+		{"since", []nostr.Filter{{Authors: A, Since: ts(base + 4)}}, []nostr.Event{tie1, tie2, e4}},
+		{"until", []nostr.Filter{{Authors: A, Until: ts(base + 2)}}, []nostr.Event{e2, e1}},
+		{"since+until", []nostr.Filter{{Authors: A, Since: ts(base + 2), Until: ts(base + 3)}}, []nostr.Event{e3, e2}},
+		{"since > until", []nostr.Filter{{Authors: A, Since: ts(base + 3), Until: ts(base + 2)}}, nil},
+		{"limit", []nostr.Filter{{Authors: A, Limit: 3}}, []nostr.Event{tie1, tie2, e4}},
+		{"limit 0", []nostr.Filter{{Authors: A, Limit: 0, LimitZero: true}}, nil},
+		{"kinds+authors+since+limit", []nostr.Filter{{Kinds: []int{1}, Authors: A, Since: ts(base + 2), Limit: 2}}, []nostr.Event{tie1, tie2}},
+		{"several filters merged and de-duplicated", []nostr.Filter{
+			{IDs: []string{e1.ID}},
+			{Kinds: []int{7}, Authors: A},
+			{IDs: []string{e1.ID, e3.ID}},
+			{Authors: B},
+		}, orderTie(e3, f1, e1)},
+		{"each filter its own limit", []nostr.Filter{{Authors: A, Limit: 1}, {Authors: B, Limit: 1}}, []nostr.Event{tie1, f1}},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := c.req("s"+string(rune('a'+i)), tc.f...)
+			sameIDs(t, tc.name, got, tc.want...)
+			c.sendJSON("CLOSE", "s"+string(rune('a'+i)))
+		})
+	}
+
+	t.Run("empty list matches nothing", func(t *testing.T) {
+		c.sendRaw([]byte(`["REQ","empty",{"ids":[]},{"authors":[],"kinds":[1]},{"#t":[]}]`))
+		got, closed := c.collect("empty")
+		if closed != "" || len(got) != 0 {
+			t.Fatalf("got %d events, closed %q", len(got), closed)
+		}
+	})
+
+	t.Run("COUNT", func(t *testing.T) {
+		n, closed := c.count("c1", nostr.Filter{Authors: A})
+		if closed != "" || n != 6 {
+			t.Fatalf("COUNT authors A = %d %q, want 6", n, closed)
+		}
+		n, _ = c.count("c2", nostr.Filter{Authors: A, Kinds: []int{1}}, nostr.Filter{Tags: nostr.TagMap{"t": {tagT}}})
+		if n != 5 { // e1 e2 e5 e6 (kind 1 of A) + f1; e1 counted once
+			t.Fatalf("COUNT union = %d, want 5", n)
+		}
+	})
+}
+
+// orderTie returns a, b (equal created_at) ordered by id, followed by rest.
+func orderTie(a, b nostr.Event, rest ...nostr.Event) []nostr.Event {
+	if b.ID < a.ID {
+		a, b = b, a
+	}
+	return append([]nostr.Event{a, b}, rest...)
+}
+
+// TestCloseAndReplace: CLOSE stops live delivery; a REQ with the same id replaces the filters.
+func TestCloseAndReplace(t *testing.T) {
+	tr := startRelay(t, nil)
+	c := tr.dial(t)
+	sk, pk := testenv.NewKey()
+	base := int64(nostr.Now()) - 100
+	e1 := signed(sk, 1, "a", nostr.Timestamp(base))
+	e2 := signed(sk, 7, "b", nostr.Timestamp(base+1))
+	c.mustPublish(e1)
+	c.mustPublish(e2)
+
+	// sync proves nothing else is pending: replies come in order, and a Deliver that returned has
+	// enqueued everything it would send before this REQ's EOSE.
+	sync := func(n int) {
+		t.Helper()
+		sub := "sync" + string(rune('0'+n))
+		got, closed := c.reqOrClosed(sub, nostr.Filter{IDs: []string{randHex64()}})
+		if closed != "" || len(got) != 0 {
+			t.Fatalf("sync: %v %q", got, closed)
+		}
+	}
+	live := func(ev nostr.Event) { tr.s.Deliver(evt.Delivery{Event: &ev}) }
+
+	sameIDs(t, "first REQ", c.req("s", nostr.Filter{Authors: []string{pk}, Kinds: []int{1}}), e1)
+	sameIDs(t, "replacing REQ", c.req("s", nostr.Filter{Authors: []string{pk}, Kinds: []int{7}}), e2)
+	e3 := signed(sk, 1, "c", nostr.Timestamp(base+2)) // matches only the replaced filter
+	e4 := signed(sk, 7, "d", nostr.Timestamp(base+3)) // matches the new one
+	live(e3)
+	live(e4)
+	if got := c.nextEvent("s"); got.ID != e4.ID {
+		t.Fatalf("after replacement got %s, want %s", got.ID, e4.ID)
+	}
+	sync(1)
+
+	c.sendJSON("CLOSE", "s")
+	sync(2)
+	live(signed(sk, 7, "e", nostr.Timestamp(base+4)))
+	// A probe REQ's EOSE comes after anything that Deliver enqueued; nothing for "s" may precede it.
+	c.sendJSON("REQ", "probe", nostr.Filter{Authors: []string{pk}, Kinds: []int{7}, Limit: 1})
+	for {
+		m := c.read()
+		if c.verb(m) == "EVENT" && str(m[1]) == "s" {
+			t.Fatalf("closed subscription received %s", joinRaw(m))
+		}
+		if c.verb(m) == "EOSE" && str(m[1]) == "probe" {
+			break
+		}
+	}
+}
+
+// TestLiveDedupAroundInitialQuery drives the two races of "register, then query" with hooks:
+// an event committed after registration but before the query is both live and in the query;
+// an event delivered live after the query ran is also among the query's rows. Each must reach
+// the client exactly once.
+func TestLiveDedupAroundInitialQuery(t *testing.T) {
+	tr := startRelay(t, nil)
+	c := tr.dial(t)
+	sk, pk := testenv.NewKey()
+	base := int64(nostr.Now()) - 100
+	old := signed(sk, 1, "old", nostr.Timestamp(base))
+	c.mustPublish(old)
+	during := signed(sk, 1, "during", nostr.Timestamp(base+1))
+
+	remove1 := hooks.Set("relay.req.registered", func(ctx context.Context) {
+		// Committed after registration, before the query: the query sees it, and so does the tail.
+		if ok, msg, err := tr.s.acceptEvent(ctx, &during); err != nil || !ok {
+			t.Errorf("accept during: %v %s", err, msg)
+		}
+		tr.s.Deliver(evt.Delivery{Event: &during})
+	})
+	remove2 := hooks.Set("relay.req.queried", func(ctx context.Context) {
+		// Replication lagging behind the query: "old" arrives live after being queried.
+		tr.s.Deliver(evt.Delivery{Event: &old})
+	})
+	got := c.req("s", nostr.Filter{Authors: []string{pk}})
+	remove1()
+	remove2()
+	seen := map[string]int{}
+	for _, ev := range got {
+		seen[ev.ID]++
+	}
+	if seen[old.ID] != 1 || seen[during.ID] != 1 || len(got) != 2 {
+		t.Fatalf("want each event once, got %v", seen)
+	}
+	// And later live deliveries of the same ids are dropped too.
+	tr.s.Deliver(evt.Delivery{Event: &old})
+	fresh := signed(sk, 1, "fresh", nostr.Timestamp(base+2))
+	tr.s.Deliver(evt.Delivery{Event: &fresh})
+	if ev := c.nextEvent("s"); ev.ID != fresh.ID {
+		t.Fatalf("re-delivered %s", ev.Content)
+	}
+}

@@ -1,0 +1,112 @@
+package relay
+
+import (
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/buzzpg/buzzpg/internal/metrics"
+)
+
+// tokenBucket is a classic token bucket; rate 0 means unlimited. Not safe for concurrent use
+// (per-connection buckets are only touched by the read loop; per-IP buckets are under ipLimiter.mu).
+type tokenBucket struct {
+	rate   float64
+	burst  float64
+	tokens float64
+	last   time.Time
+}
+
+func newTokenBucket(rate float64, burst int) *tokenBucket {
+	if burst < 1 {
+		burst = 1
+	}
+	return &tokenBucket{rate: rate, burst: float64(burst), tokens: float64(burst)}
+}
+
+func (b *tokenBucket) allow(now time.Time) bool {
+	if b == nil || b.rate <= 0 {
+		return true
+	}
+	if !b.last.IsZero() {
+		b.tokens += now.Sub(b.last).Seconds() * b.rate
+		if b.tokens > b.burst {
+			b.tokens = b.burst
+		}
+	}
+	b.last = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// ipLimiter shares buckets among all connections of one client IP, so opening more connections
+// does not multiply a client's budget. Idle buckets are dropped lazily.
+type ipLimiter struct {
+	rate    float64
+	burst   int
+	mu      sync.Mutex
+	buckets map[string]*tokenBucket
+	swept   time.Time
+}
+
+func newIPLimiter(rate float64, burst int) *ipLimiter {
+	if rate <= 0 {
+		return nil
+	}
+	return &ipLimiter{rate: rate, burst: burst, buckets: map[string]*tokenBucket{}}
+}
+
+func (l *ipLimiter) allow(ip string, now time.Time) bool {
+	if l == nil {
+		return true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now.Sub(l.swept) > time.Minute {
+		// A bucket idle long enough to be full again is the same as no bucket.
+		for k, b := range l.buckets {
+			if now.Sub(b.last).Seconds()*l.rate >= b.burst {
+				delete(l.buckets, k)
+			}
+		}
+		l.swept = now
+	}
+	b := l.buckets[ip]
+	if b == nil {
+		b = newTokenBucket(l.rate, l.burst)
+		l.buckets[ip] = b
+	}
+	return b.allow(now)
+}
+
+// clientIP is the peer address of the TCP connection. Forwarded-for headers are not trusted: a
+// client could set them to escape its IP budget.
+func clientIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+func (c *conn) allowEvent() bool {
+	now := timeNow()
+	if !c.eventBucket.allow(now) || !c.s.ipEvents.allow(c.ip, now) {
+		metrics.RateLimited.WithLabelValues("EVENT").Inc()
+		return false
+	}
+	return true
+}
+
+func (c *conn) allowReq(verb string) bool {
+	now := timeNow()
+	if !c.reqBucket.allow(now) || !c.s.ipReqs.allow(c.ip, now) {
+		metrics.RateLimited.WithLabelValues(verb).Inc()
+		return false
+	}
+	return true
+}

@@ -1,0 +1,121 @@
+package relay
+
+import (
+	"sync"
+)
+
+// sendQueue is a connection's outgoing message queue, bounded in bytes. Live delivery pushes
+// without ever waiting (push): a reader that stays behind the bound is a slow client and gets
+// closed. Initial query results wait for room (pushHalf) but only fill the queue up to half the
+// bound, so a large REQ cannot by itself push live traffic over the edge.
+type sendQueue struct {
+	mu      sync.Mutex
+	items   [][]byte
+	size    int // bytes queued and not yet written to the socket
+	limit   int
+	closed  bool
+	wake    chan struct{} // writer wake-up, capacity 1
+	room    chan struct{} // closed and replaced when bytes leave the queue and someone waits
+	waiting bool
+}
+
+func newSendQueue(limit int) *sendQueue {
+	return &sendQueue{limit: limit, wake: make(chan struct{}, 1), room: make(chan struct{})}
+}
+
+func (q *sendQueue) signal() {
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// push enqueues msg unless that would exceed the bound; false means overflow (or closed).
+func (q *sendQueue) push(msg []byte) bool {
+	q.mu.Lock()
+	if q.closed || q.size+len(msg) > q.limit {
+		q.mu.Unlock()
+		return false
+	}
+	q.items = append(q.items, msg)
+	q.size += len(msg)
+	q.mu.Unlock()
+	q.signal()
+	return true
+}
+
+// pushHalf enqueues msg if the queue is at most half full after it (an empty queue always takes
+// one message) and never waits. When there is no room it returns a channel that is closed once
+// bytes leave the queue. done reports that the queue is closed (nothing will ever be sent).
+func (q *sendQueue) pushHalf(msg []byte) (ok bool, room <-chan struct{}, done bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return false, nil, true
+	}
+	if q.size == 0 || q.size+len(msg) <= q.limit/2 {
+		q.items = append(q.items, msg)
+		q.size += len(msg)
+		q.signal()
+		return true, nil, false
+	}
+	q.waiting = true
+	return false, q.room, false
+}
+
+// take removes and returns everything queued. The bytes stay counted until written (done).
+func (q *sendQueue) take() [][]byte {
+	q.mu.Lock()
+	items := q.items
+	q.items = nil
+	q.mu.Unlock()
+	return items
+}
+
+// written releases n bytes after they reached the socket.
+func (q *sendQueue) written(n int) {
+	q.mu.Lock()
+	q.size -= n
+	if q.waiting {
+		q.waiting = false
+		close(q.room)
+		q.room = make(chan struct{})
+	}
+	q.mu.Unlock()
+}
+
+// closeWith drops everything not yet taken, queues last (if any) as the final message and refuses
+// further pushes. It returns false when the queue was already closed.
+func (q *sendQueue) closeWith(last []byte) bool {
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return false
+	}
+	q.closed = true
+	for _, it := range q.items {
+		q.size -= len(it)
+	}
+	q.items = nil
+	if last != nil {
+		q.items = append(q.items, last)
+		q.size += len(last)
+	}
+	close(q.room) // wake pushHalf waiters so they see closed
+	q.room = make(chan struct{})
+	q.mu.Unlock()
+	q.signal()
+	return true
+}
+
+func (q *sendQueue) isClosed() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.closed
+}
+
+func (q *sendQueue) empty() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.items) == 0
+}

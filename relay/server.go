@@ -1,0 +1,193 @@
+// Package relay is buzzpg's WebSocket side: NIP-01 framing, NIP-11, NIP-42 AUTH, NIP-45 COUNT,
+// NIP-70, filters compiled to SQL with the read gates inside, live subscriptions fed by Deliver,
+// and per-connection limits. Acceptance is one SQL call (buzz.accept_event); live delivery comes
+// only through Deliver, which the logical-replication tail calls for every event of every process.
+package relay
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/gorilla/websocket"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/evt"
+	"github.com/buzzpg/buzzpg/internal/metrics"
+)
+
+// Server is the relay. It is an http.Handler (mount it at "/") and an evt.Sink.
+type Server struct {
+	cfg           Config
+	accept        *pgxpool.Pool // buzz.accept_event and member-set lookups: short queries only
+	query         *pgxpool.Pool // REQ/COUNT: may be saturated by expensive filters
+	log           *slog.Logger
+	relayPubkey   string
+	nip11         []byte
+	upgrader      websocket.Upgrader
+	members       *memberCache
+	timeoutSet    sync.Map // *pgconn.PgConn of query-pool connections whose statement_timeout is set
+	timeoutSetLen atomic.Int64
+	ipEvents      *ipLimiter // nil: unlimited
+	ipReqs        *ipLimiter
+
+	mu      sync.RWMutex
+	conns   map[*conn]struct{}
+	connWG  sync.WaitGroup
+	closing atomic.Bool
+	nextID  atomic.Uint64
+
+	// onConnClosed, when set (in-package tests), is called after a connection is torn down.
+	onConnClosed func(c *conn, reason string)
+}
+
+var _ evt.Sink = (*Server)(nil)
+
+// New builds a Server. acceptPool serves buzz.accept_event; queryPool serves REQ/COUNT, so a flood
+// of expensive filters cannot stall acceptance.
+func New(cfg Config, acceptPool, queryPool *pgxpool.Pool) (*Server, error) {
+	if acceptPool == nil || queryPool == nil {
+		return nil, errors.New("relay: both pools are required")
+	}
+	if err := cfg.applyDefaults(); err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:    cfg,
+		accept: acceptPool,
+		query:  queryPool,
+		log:    cfg.Logger.With("component", "relay"),
+		conns:  map[*conn]struct{}{},
+	}
+	if cfg.RelaySecretKey != "" {
+		pk, err := nostr.GetPublicKey(cfg.RelaySecretKey)
+		if err != nil {
+			return nil, errors.New("relay: invalid RelaySecretKey")
+		}
+		s.relayPubkey = pk
+	}
+	// Member lookups are rare (cached for good) and tiny; they use the accept pool, whose queries
+	// are all short, so Deliver (the replication tail) never queues behind expensive REQs.
+	s.members = newMemberCache(acceptPool, memberCacheSize)
+	s.ipEvents = newIPLimiter(cfg.IPEventRate, cfg.EventBurst)
+	s.ipReqs = newIPLimiter(cfg.IPReqRate, cfg.ReqBurst)
+	s.upgrader = websocket.Upgrader{
+		ReadBufferSize:  8192,
+		WriteBufferSize: 16384,
+		// Nostr clients run in browsers on any origin; there are no cookies to protect.
+		CheckOrigin: func(*http.Request) bool { return true },
+	}
+	doc, err := s.buildNIP11()
+	if err != nil {
+		return nil, err
+	}
+	s.nip11 = doc
+	return s, nil
+}
+
+// RelayPubkey is the hex pubkey of the relay key ("" when none was configured).
+func (s *Server) RelayPubkey() string { return s.relayPubkey }
+
+// ServeHTTP upgrades WebSocket requests at "/" and answers NIP-11 on Accept: application/nostr+json.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != "/" {
+		http.NotFound(w, r)
+		return
+	}
+	if websocket.IsWebSocketUpgrade(r) {
+		if s.closing.Load() {
+			http.Error(w, "relay shutting down", http.StatusServiceUnavailable)
+			return
+		}
+		ws, err := s.upgrader.Upgrade(w, r, nil)
+		if err != nil {
+			return // the upgrader already answered with an HTTP error
+		}
+		s.serveConn(ws, r)
+		return
+	}
+	if strings.Contains(r.Header.Get("Accept"), "application/nostr+json") || r.Method == http.MethodOptions {
+		s.serveNIP11(w, r)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = w.Write([]byte("buzzpg nostr relay: connect with a WebSocket client, or ask for Accept: application/nostr+json\n"))
+}
+
+func (s *Server) serveConn(ws *websocket.Conn, r *http.Request) {
+	relayURL := s.cfg.RelayURL
+	if relayURL == "" {
+		relayURL = "ws://" + r.Host
+	}
+	c := newConn(s, ws, r, relayURL)
+	s.mu.Lock()
+	if s.closing.Load() {
+		s.mu.Unlock()
+		_ = ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseGoingAway, "relay shutting down"), timeNow().Add(writeWait))
+		_ = ws.Close()
+		return
+	}
+	s.conns[c] = struct{}{}
+	s.connWG.Add(1)
+	s.mu.Unlock()
+	metrics.Connections.Inc()
+	// The handler goroutine becomes the read loop; returning from ServeHTTP is fine after hijack.
+	c.run()
+}
+
+func (s *Server) removeConn(c *conn, reason string) {
+	s.mu.Lock()
+	_, ok := s.conns[c]
+	delete(s.conns, c)
+	s.mu.Unlock()
+	if ok {
+		metrics.Connections.Dec()
+		if f := s.onConnClosed; f != nil {
+			f(c, reason)
+		}
+		s.connWG.Done()
+	}
+}
+
+// ConnCount is the number of open WebSocket connections.
+func (s *Server) ConnCount() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.conns)
+}
+
+func (s *Server) snapshotConns() []*conn {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		out = append(out, c)
+	}
+	return out
+}
+
+// Shutdown stops accepting connections, tells every client (NOTICE, then close frame 1001) and
+// waits for connections to finish until ctx ends; then it cuts the rest.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.closing.Store(true)
+	for _, c := range s.snapshotConns() {
+		c.closeGracefully(websocket.CloseGoingAway, "relay shutting down", "error: relay shutting down")
+	}
+	done := make(chan struct{})
+	go func() { s.connWG.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		for _, c := range s.snapshotConns() {
+			c.kill("shutdown deadline")
+		}
+		<-done
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,179 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/evt"
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+// dialSmallBuffer dials with a tiny socket receive buffer, so a client that stops reading makes
+// the server's socket fill quickly (the kernel would otherwise buffer megabytes).
+func (tr *testRelay) dialSmallBuffer(t *testing.T) *websocket.Conn {
+	t.Helper()
+	d := websocket.Dialer{
+		NetDialContext: (&net.Dialer{Control: func(network, address string, rc syscall.RawConn) error {
+			var serr error
+			err := rc.Control(func(fd uintptr) {
+				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+			})
+			if err != nil {
+				return err
+			}
+			return serr
+		}}).DialContext,
+	}
+	ws, _, err := d.Dial(tr.url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ws.Close() })
+	return ws
+}
+
+// TestSlowReaderClosed: a subscriber that never reads is closed when its send queue overflows,
+// while Deliver never blocks and another subscriber receives every event.
+func TestSlowReaderClosed(t *testing.T) {
+	tr := startRelay(t, func(c *Config) { c.SendQueueBytes = 256 << 10 })
+	sk, pk := testenv.NewKey()
+	filter := nostr.Filter{Authors: []string{pk}, Limit: 1}
+
+	slow := tr.dialSmallBuffer(t)
+	slowClient := &client{t: t, ws: slow}
+	slowClient.expect("AUTH")
+	slowClient.sendJSON("REQ", "s", filter)
+	slowClient.expect("EOSE")
+	// From here on the slow client never reads.
+
+	fast := tr.dial(t)
+	fast.req("s", filter)
+	got := make(chan string, 1)
+	readErr := make(chan error, 1)
+	go func() {
+		for {
+			m, err := fast.tryRead(30 * time.Second)
+			if err != nil {
+				readErr <- err
+				return
+			}
+			if fast.verb(m) == "EVENT" {
+				var ev nostr.Event
+				_ = json.Unmarshal(m[2], &ev)
+				got <- ev.ID
+			}
+		}
+	}()
+
+	content := strings.Repeat("x", 32<<10)
+	const n = 600 // ~20 MB: far beyond socket buffers plus the 256 KiB queue
+	var slowGone closedConn
+	closedSeen := false
+	for i := 0; i < n; i++ {
+		ev := signed(sk, 1, content, nostr.Timestamp(int64(nostr.Now())+int64(i)))
+		start := time.Now()
+		tr.s.Deliver(evt.Delivery{Event: &ev})
+		if d := time.Since(start); d > 2*time.Second {
+			t.Fatalf("Deliver blocked for %s", d)
+		}
+		// Pace by the fast reader (a barrier, not a sleep): it must get every event.
+		select {
+		case id := <-got:
+			if id != ev.ID {
+				t.Fatalf("fast reader got %s, want %s", id, ev.ID)
+			}
+		case err := <-readErr:
+			t.Fatalf("fast reader failed at %d: %v", i, err)
+		}
+		select {
+		case cc := <-tr.closed:
+			slowGone, closedSeen = cc, true
+		default:
+		}
+	}
+	if !closedSeen {
+		select {
+		case cc := <-tr.closed:
+			slowGone = cc
+		case <-time.After(30 * time.Second):
+			t.Fatal("slow reader was not closed")
+		}
+	}
+	if slowGone.reason != "send queue overflow" {
+		t.Fatalf("closed connection reason %q", slowGone.reason)
+	}
+	if tr.s.ConnCount() != 1 {
+		t.Fatalf("%d connections left, want the fast one", tr.s.ConnCount())
+	}
+	// The slow client finds its connection ended once it reads what was buffered.
+	for {
+		_ = slow.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, _, err := slow.ReadMessage(); err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				t.Fatal("slow client's connection still open")
+			}
+			break
+		}
+	}
+}
+
+func TestShutdown(t *testing.T) {
+	tr := startRelay(t, nil)
+	c := tr.dial(t)
+	c.req("s", nostr.Filter{Kinds: []int{1}, Limit: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- tr.s.Shutdown(ctx) }()
+	sawNotice := false
+	for {
+		m, err := c.tryRead(readTimeout)
+		if err != nil {
+			var ce *websocket.CloseError
+			if !errors.As(err, &ce) || ce.Code != websocket.CloseGoingAway {
+				t.Fatalf("want close 1001, got %v", err)
+			}
+			break
+		}
+		if c.verb(m) == "NOTICE" {
+			sawNotice = true
+		}
+	}
+	if !sawNotice {
+		t.Error("no NOTICE before the close frame")
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if _, resp, err := websocket.DefaultDialer.Dial(tr.url, nil); err == nil || resp == nil || resp.StatusCode != 503 {
+		t.Fatalf("new connection after shutdown: %v", err)
+	}
+}
+
+// TestLargeInitialAnswerIsFlowControlled: an initial answer several times the send queue bound
+// waits for the client instead of overflowing it (only live traffic can make a client "slow").
+func TestLargeInitialAnswerIsFlowControlled(t *testing.T) {
+	tr := startRelay(t, func(c *Config) { c.SendQueueBytes = 256 << 10 })
+	c := tr.dial(t)
+	sk, pk := testenv.NewKey()
+	content := strings.Repeat("y", 16<<10)
+	base := int64(nostr.Now()) - 1000
+	var want []nostr.Event
+	for i := 0; i < 60; i++ { // ~1 MB, four times the queue bound
+		ev := signed(sk, 1, content, nostr.Timestamp(base+int64(i)))
+		c.mustPublish(ev)
+		want = append([]nostr.Event{ev}, want...)
+	}
+	sameIDs(t, "large answer", c.req("big", nostr.Filter{Authors: []string{pk}}), want...)
+	alive(t, c)
+}

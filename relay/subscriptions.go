@@ -1,0 +1,120 @@
+package relay
+
+import (
+	"context"
+	"encoding/hex"
+	"sync"
+
+	"github.com/buzzpg/buzzpg/internal/metrics"
+)
+
+// subscription is one REQ's live side. It is registered before its initial query runs, so an
+// event committed meanwhile reaches it through Deliver; seen de-duplicates the two paths.
+type subscription struct {
+	id      string
+	filters []*compiledFilter
+	prefix  []byte // `["EVENT","<id>",`
+
+	ctx    context.Context // ends when the subscription is closed or replaced
+	cancel context.CancelFunc
+
+	mu     sync.Mutex // guards closed and seen; also held while enqueueing one of its events
+	closed bool
+	seen   *idFIFO[idKey]
+}
+
+func newSubscription(parent context.Context, id string, filters []*compiledFilter) *subscription {
+	ctx, cancel := context.WithCancel(parent)
+	metrics.Subscriptions.Inc()
+	return &subscription{
+		id:      id,
+		filters: filters,
+		prefix:  eventPrefix(id),
+		ctx:     ctx,
+		cancel:  cancel,
+		seen:    newIDFIFO[idKey](seenPerSub),
+	}
+}
+
+func (s *subscription) close() {
+	s.mu.Lock()
+	was := s.closed
+	s.closed = true
+	s.mu.Unlock()
+	s.cancel()
+	if !was {
+		metrics.Subscriptions.Dec()
+	}
+}
+
+// idKey is an event id reduced to 128 bits: plenty against collisions, a quarter of the memory of
+// the hex string.
+type idKey [16]byte
+
+func keyOf(id string) idKey {
+	var k idKey
+	if len(id) >= 32 {
+		_, _ = hex.Decode(k[:], []byte(id[:32]))
+	}
+	return k
+}
+
+// dueKey identifies one due signal of one reminder version.
+type dueKey struct {
+	id    idKey
+	stamp int64
+}
+
+// idFIFO is a set that remembers the most recent cap keys: bounded memory for de-duplication.
+type idFIFO[K comparable] struct {
+	set  map[K]struct{}
+	ring []K
+	next int
+	cap  int
+}
+
+func newIDFIFO[K comparable](capacity int) *idFIFO[K] {
+	return &idFIFO[K]{set: map[K]struct{}{}, cap: capacity}
+}
+
+func (f *idFIFO[K]) has(k K) bool {
+	_, ok := f.set[k]
+	return ok
+}
+
+// add inserts k; it reports false when k was already present.
+func (f *idFIFO[K]) add(k K) bool {
+	if _, ok := f.set[k]; ok {
+		return false
+	}
+	if len(f.ring) < f.cap {
+		f.ring = append(f.ring, k)
+	} else {
+		delete(f.set, f.ring[f.next])
+		f.ring[f.next] = k
+		f.next = (f.next + 1) % f.cap
+	}
+	f.set[k] = struct{}{}
+	return true
+}
+
+// handleClose ends a subscription (NIP-01 CLOSE); unknown ids are ignored.
+func (c *conn) handleClose(subID string) {
+	c.mu.Lock()
+	sub := c.subs[subID]
+	delete(c.subs, subID)
+	c.mu.Unlock()
+	if sub != nil {
+		sub.close()
+	}
+}
+
+// removeSub drops sub if it is still the registered one for its id (a replacement is left alone).
+func (c *conn) removeSub(sub *subscription) {
+	c.mu.Lock()
+	if c.subs[sub.id] == sub {
+		delete(c.subs, sub.id)
+	}
+	c.mu.Unlock()
+	sub.close()
+}
