@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -16,7 +15,6 @@ import (
 )
 
 const kindSnapshot = 30622 // NIP-DV visibility snapshot: relay-signed only
-const kindReminder = 30300 // NIP-ER reminder
 
 // handleEvent answers one EVENT with exactly one OK: Go checks first (shape, id, signature,
 // limits), then the one SQL call whose verdict goes back verbatim. Live delivery is not done
@@ -129,9 +127,6 @@ func (s *Server) checkEvent(ev *nostr.Event, authed []string, now time.Time) str
 	if isProtected(ev) && !slices.Contains(authed, ev.PubKey) {
 		return "auth-required: this event is protected (NIP-70); AUTH as its author to publish it"
 	}
-	if ev.Kind == kindReminder {
-		return s.checkReminder(ev, now)
-	}
 	return ""
 }
 
@@ -143,72 +138,4 @@ func isProtected(ev *nostr.Event) bool {
 		}
 	}
 	return false
-}
-
-// checkReminder applies NIP-ER's tag rules (PROTOCOL.md) before SQL, which checks them again.
-func (s *Server) checkReminder(ev *nostr.Event, now time.Time) string {
-	var d []string
-	var notBefore, expiration []string
-	for _, t := range ev.Tags {
-		if len(t) == 0 {
-			continue
-		}
-		switch t[0] {
-		case "d":
-			if len(t) >= 2 {
-				d = append(d, t[1])
-			} else {
-				d = append(d, "")
-			}
-		case "not_before":
-			if len(t) >= 2 {
-				notBefore = append(notBefore, t[1])
-			} else {
-				notBefore = append(notBefore, "")
-			}
-		case "expiration":
-			if len(t) >= 2 {
-				expiration = append(expiration, t[1])
-			}
-		}
-	}
-	if len(d) != 1 || d[0] == "" {
-		return "invalid: missing d tag"
-	}
-	if len(notBefore) == 0 {
-		return ""
-	}
-	if len(notBefore) > 1 {
-		return "invalid: malformed not_before"
-	}
-	nb, ok := parseUnixSeconds(notBefore[0])
-	if !ok {
-		return "invalid: malformed not_before"
-	}
-	if nb > now.Add(s.cfg.ReminderHorizon).Unix() {
-		return "invalid: not_before too far in future"
-	}
-	if len(expiration) > 0 {
-		if exp, err := strconv.ParseInt(expiration[0], 10, 64); err == nil && exp <= nb {
-			return "invalid: expiration before not_before"
-		}
-	}
-	return ""
-}
-
-// parseUnixSeconds accepts ASCII digits, no sign, no leading zero except "0", at most 2^53-1.
-func parseUnixSeconds(s string) (int64, bool) {
-	if s == "" || len(s) > 16 || (len(s) > 1 && s[0] == '0') {
-		return 0, false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return 0, false
-		}
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n > 9007199254740991 {
-		return 0, false
-	}
-	return n, true
 }

@@ -237,6 +237,10 @@ DECLARE
   nbs text[] := buzz.tag_values(tags, 'not_before');
   nb numeric;
 BEGIN
+  -- A not_before tag without a value is malformed, not absent.
+  IF EXISTS (SELECT 1 FROM jsonb_array_elements(tags) t WHERE t->>0 = 'not_before' AND jsonb_array_length(t) < 2) THEN
+    PERFORM buzz.reject('BZ400', 'invalid: malformed not_before');
+  END IF;
   IF coalesce(array_length(ds, 1), 0) <> 1 OR ds[1] = '' THEN
     PERFORM buzz.reject('BZ400', 'invalid: missing d tag');
   END IF;
