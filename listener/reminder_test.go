@@ -1,0 +1,386 @@
+package listener
+
+// In-process tests of the reminder Scheduler against real PostgreSQL. Each test runs on a
+// database of its own (FreshDB): schedulers claim every due reminder they can see.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/hooks"
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+type remEnv struct {
+	t    testing.TB
+	url  string
+	pool *pgxpool.Pool
+	sk   string
+	slot string
+}
+
+// newRemEnv: a fresh database with a test_decoding slot that shows every due message emitted.
+func newRemEnv(t testing.TB) *remEnv {
+	u := testenv.FreshDB(t)
+	e := &remEnv{t: t, url: u, pool: testenv.Pool(t, u)}
+	e.sk, _ = testenv.NewKey()
+	e.slot = fmt.Sprintf("remsched_%d", time.Now().UnixNano()%1e12)
+	if _, err := e.pool.Exec(context.Background(), `SELECT pg_create_logical_replication_slot($1, 'test_decoding')`, e.slot); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, e.slot) })
+	return e
+}
+
+var remSeq sync.Mutex
+var remN int
+
+// store accepts a 30300 with the given not_before through buzz.accept_event.
+func (e *remEnv) store(nb int64) *nostr.Event {
+	e.t.Helper()
+	remSeq.Lock()
+	remN++
+	d := fmt.Sprint("r", remN)
+	remSeq.Unlock()
+	ev := &nostr.Event{Kind: 30300, CreatedAt: nostr.Now(), Content: "enc:" + d,
+		Tags: nostr.Tags{{"d", d}, {"not_before", fmt.Sprint(nb)}}}
+	if err := ev.Sign(e.sk); err != nil {
+		e.t.Fatal(err)
+	}
+	raw, _ := json.Marshal(ev)
+	var ok bool
+	var msg string
+	if err := e.pool.QueryRow(context.Background(), `SELECT ok, message FROM buzz.accept_event($1::jsonb)`, string(raw)).Scan(&ok, &msg); err != nil || !ok {
+		e.t.Fatalf("accept: %v %q", err, msg)
+	}
+	return ev
+}
+
+// dueStamps consumes the slot: event id -> stamps of the due messages emitted for it.
+func (e *remEnv) dueStamps() map[string][]int64 {
+	e.t.Helper()
+	rows, err := e.pool.Query(context.Background(), `SELECT data FROM pg_logical_slot_get_changes($1, NULL, NULL)`, e.slot)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string][]int64{}
+	for rows.Next() {
+		var data string
+		_ = rows.Scan(&data)
+		i := strings.Index(data, "content:")
+		if !strings.HasPrefix(data, "message:") || i < 0 {
+			continue
+		}
+		var m struct {
+			T     string `json:"t"`
+			Stamp int64  `json:"stamp"`
+			Ev    struct {
+				ID string `json:"id"`
+			} `json:"ev"`
+		}
+		if json.Unmarshal([]byte(data[i+len("content:"):]), &m) == nil && m.T == "due" {
+			out[m.Ev.ID] = append(out[m.Ev.ID], m.Stamp)
+		}
+	}
+	return out
+}
+
+func (e *remEnv) state(id string) (state string, rollbacks, recoveries int) {
+	e.t.Helper()
+	if err := e.pool.QueryRow(context.Background(), `SELECT state, rollbacks, recoveries FROM buzz.reminders WHERE id = $1`, id).
+		Scan(&state, &rollbacks, &recoveries); err != nil {
+		e.t.Fatal(err)
+	}
+	return
+}
+
+func (e *remEnv) waitState(id, want string, timeout time.Duration) {
+	e.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		st, _, _ := e.state(id)
+		if st == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("reminder %s is %s after %s, want %s", id, st, timeout, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+type schedKey struct{}
+
+// start runs a scheduler whose Run context carries name (hooks can tell schedulers apart).
+func (e *remEnv) start(name string, cfg SchedulerConfig) *Scheduler {
+	e.t.Helper()
+	cfg.InstanceID = name
+	cfg.DatabaseURL = e.url
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(remTLog{e.t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	s := NewScheduler(cfg, e.pool)
+	ctx := context.WithValue(context.Background(), schedKey{}, name)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Run(ctx) }()
+	e.t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = s.Close(cctx)
+		<-done
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for !s.listening.Load() {
+		if time.Now().After(deadline) {
+			e.t.Fatal("scheduler LISTEN connection not up")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return s
+}
+
+type remTLog struct{ t testing.TB }
+
+func (w remTLog) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// The scheduler sleeps until not_before (not a fixed tick: MaxSleep is a minute), is woken by
+// NOTIFY when an earlier reminder is stored, and emits once per version.
+func TestSchedulerSleepsUntilNotBeforeAndEmitsOnce(t *testing.T) {
+	e := newRemEnv(t)
+	far := e.store(time.Now().Unix() + 3000)
+	s := e.start("s1", SchedulerConfig{MaxSleep: time.Minute})
+	// Stored while the scheduler sleeps towards `far`: NOTIFY must wake it for this one.
+	nb := time.Now().Unix() + 2
+	ev := e.store(nb)
+	e.waitState(ev.ID, "confirmed", 10*time.Second)
+	var late time.Duration
+	if err := e.pool.QueryRow(context.Background(), `SELECT confirmed_at - to_timestamp(not_before) FROM buzz.reminders WHERE id = $1`, ev.ID).Scan(&late); err != nil {
+		t.Fatal(err)
+	}
+	if late < 0 || late > 500*time.Millisecond {
+		t.Fatalf("confirmed %s after not_before, want within [0, 500ms]", late)
+	}
+	past := e.store(time.Now().Unix() - 60) // already due: emitted at once
+	e.waitState(past.ID, "confirmed", 5*time.Second)
+	due := e.dueStamps()
+	if len(due[ev.ID]) != 1 || len(due[past.ID]) != 1 || len(due[far.ID]) != 0 {
+		t.Fatalf("due messages %v, want one each for %s and %s", due, ev.ID, past.ID)
+	}
+	if st, _, _ := e.state(far.ID); st != "armed" {
+		t.Fatalf("far reminder %s", st)
+	}
+	if s.confirmed.Load() != 2 {
+		t.Fatalf("scheduler confirmed %d, want 2", s.confirmed.Load())
+	}
+}
+
+// A confirm the database refuses (an ERROR: nothing committed) is rolled back with the stamp;
+// the reminder is then delivered once the fault is gone.
+func TestSchedulerRollsBackWhenConfirmFails(t *testing.T) {
+	e := newRemEnv(t)
+	ctx := context.Background()
+	_, err := e.pool.Exec(ctx, `
+		INSERT INTO buzz.config VALUES ('test_fail_confirm', '1');
+		CREATE FUNCTION buzz.test_fail_confirm() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+		  IF NEW.state = 'confirmed' AND buzz.cfg('test_fail_confirm') = '1' THEN
+		    RAISE EXCEPTION 'injected confirm failure';
+		  END IF;
+		  RETURN NEW;
+		END $$;
+		CREATE TRIGGER test_fail_confirm BEFORE UPDATE ON buzz.reminders
+		  FOR EACH ROW EXECUTE FUNCTION buzz.test_fail_confirm();`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := e.store(time.Now().Unix() - 1)
+	s := e.start("s1", SchedulerConfig{})
+	deadline := time.Now().Add(10 * time.Second)
+	for s.rolled.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(2 * time.Millisecond)
+	}
+	if _, err := e.pool.Exec(ctx, `UPDATE buzz.config SET value = '0' WHERE key = 'test_fail_confirm'`); err != nil {
+		t.Fatal(err)
+	}
+	if s.rolled.Load() == 0 {
+		t.Fatal("no rollback after a failed confirm")
+	}
+	e.waitState(ev.ID, "confirmed", 10*time.Second)
+	if _, rb, _ := e.state(ev.ID); rb < 1 {
+		t.Fatalf("rollbacks %d", rb)
+	}
+	if due := e.dueStamps(); len(due[ev.ID]) != 1 {
+		t.Fatalf("due messages %v, want exactly one", due)
+	}
+}
+
+// The confirm's backend is killed mid-statement (connection lost, outcome unknown to the
+// scheduler): it re-reads by stamp rather than rolling back, finds its claim still standing,
+// confirms again, and the signal is emitted once.
+func TestSchedulerUnknownOutcomeRereadsByStamp(t *testing.T) {
+	e := newRemEnv(t)
+	ctx := context.Background()
+	_, err := e.pool.Exec(ctx, `
+		INSERT INTO buzz.config VALUES ('test_stall_confirm', '1');
+		CREATE FUNCTION buzz.test_stall_confirm() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+		  IF NEW.state = 'confirmed' AND buzz.cfg('test_stall_confirm') = '1' THEN
+		    PERFORM pg_sleep(60);
+		  END IF;
+		  RETURN NEW;
+		END $$;
+		CREATE TRIGGER test_stall_confirm BEFORE UPDATE ON buzz.reminders
+		  FOR EACH ROW EXECUTE FUNCTION buzz.test_stall_confirm();`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := e.store(time.Now().Unix() - 1)
+	s := e.start("s1", SchedulerConfig{})
+	var pid int
+	deadline := time.Now().Add(10 * time.Second)
+	for pid == 0 && time.Now().Before(deadline) {
+		_ = e.pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database()
+			AND query LIKE '%confirm_reminder_claims%' AND wait_event = 'PgSleep'`).Scan(&pid)
+		time.Sleep(2 * time.Millisecond)
+	}
+	if pid == 0 {
+		t.Fatal("confirm never stalled")
+	}
+	if _, err := e.pool.Exec(ctx, `UPDATE buzz.config SET value = '0' WHERE key = 'test_stall_confirm'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+		t.Fatal(err)
+	}
+	e.waitState(ev.ID, "confirmed", 10*time.Second)
+	if _, rb, _ := e.state(ev.ID); rb != 0 {
+		t.Fatalf("rolled back %d times after an unknown outcome; want a re-read, not a rollback", rb)
+	}
+	if due := e.dueStamps(); len(due[ev.ID]) != 1 {
+		t.Fatalf("due messages %v, want exactly one", due)
+	}
+	if s.confirmed.Load() != 1 {
+		t.Fatalf("confirmed %d", s.confirmed.Load())
+	}
+}
+
+// The commit happened but the scheduler did not hear back: the re-read sees the row confirmed
+// under its stamp and neither rolls back nor emits again.
+func TestSchedulerResolveUnknownCommitted(t *testing.T) {
+	e := newRemEnv(t)
+	ctx := context.Background()
+	ev := e.store(time.Now().Unix() - 1)
+	s := NewScheduler(SchedulerConfig{InstanceID: "x", Logger: slog.New(slog.NewTextHandler(remTLog{t}, nil))}, e.pool)
+	var stamp int64
+	if err := e.pool.QueryRow(ctx, `SELECT stamp FROM buzz.claim_due_reminders(10, '1 minute', false)`).Scan(&stamp); err != nil {
+		t.Fatal(err)
+	}
+	s.inflight[ev.ID] = stamp
+	if _, err := e.pool.Exec(ctx, `SELECT buzz.confirm_reminder_claims($1, $2)`, []string{ev.ID}, []int64{stamp}); err != nil {
+		t.Fatal(err)
+	}
+	s.resolveUnknown(ctx, []claim{{id: ev.ID, notBefore: int64(ev.CreatedAt), stamp: stamp}})
+	if s.confirmed.Load() != 1 || s.rolled.Load() != 0 || len(s.inflight) != 0 {
+		t.Fatalf("confirmed %d rolled %d inflight %v", s.confirmed.Load(), s.rolled.Load(), s.inflight)
+	}
+	if due := e.dueStamps(); len(due[ev.ID]) != 1 {
+		t.Fatalf("due messages %v, want exactly one", due)
+	}
+}
+
+// Graceful Close between claim and confirm rolls the claims back (stamp-guarded), so another
+// process delivers them at once instead of after the lease.
+func TestSchedulerCloseRollsBackOwnClaims(t *testing.T) {
+	e := newRemEnv(t)
+	reached := make(chan struct{}, 1)
+	defer hooks.Set("reminder.after_claim", func(ctx context.Context) {
+		if ctx.Value(schedKey{}) != "closing" {
+			return
+		}
+		select {
+		case reached <- struct{}{}:
+		default:
+		}
+		<-ctx.Done() // held here until Close cancels the scheduler
+	})()
+	evs := []*nostr.Event{e.store(time.Now().Unix() - 1), e.store(time.Now().Unix() - 1)}
+	s := e.start("closing", SchedulerConfig{Lease: time.Hour})
+	<-reached
+	cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Close(cctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs {
+		if st, rb, _ := e.state(ev.ID); st != "armed" || rb != 1 {
+			t.Fatalf("%s after Close: %s with %d rollbacks, want armed/1", ev.ID, st, rb)
+		}
+	}
+	// Another scheduler picks them up right away (well before the hour-long lease).
+	e.start("other", SchedulerConfig{})
+	for _, ev := range evs {
+		e.waitState(ev.ID, "confirmed", 10*time.Second)
+	}
+	due := e.dueStamps()
+	for _, ev := range evs {
+		if len(due[ev.ID]) != 1 {
+			t.Fatalf("due messages %v", due)
+		}
+	}
+}
+
+// A scheduler that stalls after claiming (as if dead) loses its claim to another one after the
+// lease; when it comes back its confirm is fenced out by the new stamp: one emission in all.
+func TestSchedulerRecoversStalledClaimOnce(t *testing.T) {
+	e := newRemEnv(t)
+	reached := make(chan struct{}, 1)
+	release := make(chan struct{})
+	defer hooks.Set("reminder.after_claim", func(ctx context.Context) {
+		if ctx.Value(schedKey{}) != "stalled" {
+			return
+		}
+		select {
+		case reached <- struct{}{}:
+		default:
+		}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+	})()
+	ev := e.store(time.Now().Unix() - 1)
+	stalled := e.start("stalled", SchedulerConfig{Lease: 300 * time.Millisecond})
+	<-reached
+	if st, _, _ := e.state(ev.ID); st != "claimed" {
+		t.Fatalf("state %s, want claimed", st)
+	}
+	rescuer := e.start("rescuer", SchedulerConfig{Lease: time.Minute})
+	e.waitState(ev.ID, "confirmed", 10*time.Second)
+	if _, _, rec := e.state(ev.ID); rec != 1 {
+		t.Fatalf("recoveries %d, want 1", rec)
+	}
+	close(release)
+	deadline := time.Now().Add(10 * time.Second)
+	for stalled.lost.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(2 * time.Millisecond)
+	}
+	if stalled.lost.Load() != 1 || stalled.confirmed.Load() != 0 || rescuer.confirmed.Load() != 1 {
+		t.Fatalf("stalled lost %d confirmed %d; rescuer confirmed %d", stalled.lost.Load(), stalled.confirmed.Load(), rescuer.confirmed.Load())
+	}
+	if due := e.dueStamps(); len(due[ev.ID]) != 1 {
+		t.Fatalf("due messages %v, want exactly one", due)
+	}
+}

@@ -1,0 +1,10 @@
+DROP FUNCTION IF EXISTS buzz.next_reminder_wakeup();
+DROP FUNCTION IF EXISTS buzz.reminder_status();
+DROP FUNCTION IF EXISTS buzz.confirm_reminder_claims(text[], bigint[]);
+DROP FUNCTION IF EXISTS buzz.confirm_reminder_claim(text, bigint, bigint);
+DROP FUNCTION IF EXISTS buzz.rollback_reminder_claim(text, bigint, bigint);
+DROP FUNCTION IF EXISTS buzz.rollback_reminder_claims(text[], bigint[]);
+DROP FUNCTION IF EXISTS buzz.claim_due_reminders(integer, interval, boolean);
+DROP FUNCTION IF EXISTS buzz.claim_due_reminder(text, bigint, interval);
+DROP FUNCTION IF EXISTS buzz.reminder_event_json(text);
+DELETE FROM buzz.config WHERE key = 'reminder_lease_seconds';

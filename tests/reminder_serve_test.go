@@ -1,0 +1,265 @@
+package tests
+
+// NIP-ER across real `buzzpg serve` processes (built with -tags testhooks by testenv).
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+// remStoreMany stores events through accept_event, 250 per transaction (test setup: the relay's
+// EVENT path is covered elsewhere; here the point is many reminders due in one second).
+func remStoreMany(t testing.TB, pool *pgxpool.Pool, evs []*nostr.Event) {
+	t.Helper()
+	ctx := context.Background()
+	for i := 0; i < len(evs); i += 250 {
+		batch := &pgx.Batch{}
+		for _, ev := range evs[i:min(i+250, len(evs))] {
+			raw, _ := json.Marshal(ev)
+			batch.Queue(`SELECT buzz.accept_event($1::jsonb)`, string(raw))
+		}
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return tx.SendBatch(ctx, batch).Close() }); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// remBulkStore inserts signed 30300 versions (distinct d tags, all with not_before nb) the way
+// accept_event stores them, in one statement, and wakes the schedulers.
+func remBulkStore(t testing.TB, pool *pgxpool.Pool, evs []*nostr.Event, nb int64) {
+	t.Helper()
+	raw := make([]string, len(evs))
+	for i, ev := range evs {
+		b, _ := json.Marshal(ev)
+		raw[i] = string(b)
+	}
+	_, err := pool.Exec(context.Background(), `
+		WITH ins AS (
+		  INSERT INTO buzz.events (id, pubkey, created_at, kind, tags, content, sig, d_tag, tagvals, scope)
+		  SELECT e->>'id', e->>'pubkey', (e->>'created_at')::bigint, 30300, e->'tags', e->>'content', e->>'sig',
+		         buzz.tag_first(e->'tags', 'd'), buzz.event_tagvals(e->'tags'), 'a'
+		    FROM unnest($1::jsonb[]) AS u(e)
+		  RETURNING id, pubkey, d_tag, created_at)
+		INSERT INTO buzz.reminders (id, pubkey, d_tag, created_at, not_before)
+		SELECT id, pubkey, d_tag, created_at, $2 FROM ins`, raw, nb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(context.Background(), `SELECT pg_notify('buzz_reminders', $1)`, fmt.Sprint(nb)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func remHookReached(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, "reminder.after_claim.reached"))
+	return err == nil
+}
+
+// Crash after claim, before publish: the process holding the claim is killed with SIGKILL at
+// the reminder.after_claim hook; the other process recovers the claim after its lease and the
+// author's live subscription on it receives the due signal exactly once.
+func TestReminderCrashAfterClaimRecoveredOnce(t *testing.T) {
+	url := testenv.FreshDB(t)
+	pool := testenv.Pool(t, url)
+	relayKey, _ := testenv.NewKey()
+	sk, pk := testenv.NewKey()
+	env := map[string]string{"BUZZ_REMINDER_LEASE": "2s"}
+	dirs := [2]string{t.TempDir(), t.TempDir()}
+	var relays [2]*testenv.Relay
+	var clients [2]*remClient
+	for i := range relays {
+		relays[i] = testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: url, RelayKey: relayKey, Env: env,
+			HookDir: dirs[i], Hooks: []string{"reminder.after_claim"}})
+		clients[i] = remDial(t, relays[i].URL)
+		clients[i].auth(sk)
+		clients[i].subscribeDue(pk)
+	}
+
+	now := time.Now().Unix()
+	ev := remEvent(t, sk, now, "crash", remNB(now-1))
+	remMustAccept(t, pool, ev)
+
+	// Whichever process claimed it stops at the hook: that one dies.
+	deadline := time.Now().Add(30 * time.Second)
+	x := -1
+	for x < 0 && time.Now().Before(deadline) {
+		for i, d := range dirs {
+			if remHookReached(d) {
+				x = i
+			}
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if x < 0 {
+		t.Fatal("no process reached reminder.after_claim")
+	}
+	y := 1 - x
+	testenv.ReleaseHook(t, dirs[y], "reminder.after_claim") // the survivor may pass its hook
+	if r := remGet(t, pool, ev.ID); r.State != "claimed" {
+		t.Fatalf("at the hook the reminder is %s, want claimed", r.State)
+	}
+	relays[x].Kill()
+
+	clients[y].wait("due signal on the survivor", 30*time.Second, func() bool { return clients[y].count[ev.ID] > 0 })
+	time.Sleep(time.Second) // quiet period: a duplicate would arrive within it
+	if n := clients[y].counts()[ev.ID]; n != 1 {
+		t.Fatalf("the author's subscription on the survivor received the due signal %d times, want 1", n)
+	}
+	r := remGet(t, pool, ev.ID)
+	if r.State != "confirmed" || r.Claims != 2 || r.Recoveries != 1 {
+		t.Fatalf("reminder after recovery: %+v, want confirmed after 2 claims, 1 recovery", r)
+	}
+}
+
+// Two processes, 1,000 reminders due in the same second, the author connected to one of them:
+// each due signal arrives exactly once, whichever process claimed it.
+func TestReminderBurstTwoProcesses(t *testing.T) {
+	url := testenv.FreshDB(t)
+	pool := testenv.Pool(t, url)
+	relayKey, _ := testenv.NewKey()
+	sk, pk := testenv.NewKey()
+	a := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: url, RelayKey: relayKey})
+	b := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: url, RelayKey: relayKey})
+	c := remDial(t, a.URL)
+	c.auth(sk)
+	c.subscribeDue(pk)
+	if os.Getenv("BUZZ_REMINDER_BURST_LOG") != "" {
+		defer func() {
+			for _, r := range []*testenv.Relay{a, b} {
+				for _, line := range strings.Split(r.Log(), "\n") {
+					if strings.Contains(line, `"reminder batch"`) || strings.Contains(line, "reminder scheduler sleeping") {
+						t.Log(r.InstanceID, line)
+					}
+				}
+			}
+		}()
+	}
+
+	// BUZZ_REMINDER_BURST=10000 turns this into the multi-process burst benchmark.
+	n := 1000
+	if v, err := strconv.Atoi(os.Getenv("BUZZ_REMINDER_BURST")); err == nil && v > 0 {
+		n = v
+	}
+	t0 := time.Now()
+	evs := make([]*nostr.Event, n)
+	var nb int64
+	if n <= 1000 {
+		nb = t0.Unix() + 10 // signing and storing 1,000 on a loaded machine takes a few seconds
+		for i := range evs {
+			evs[i] = remEvent(t, sk, t0.Unix(), fmt.Sprint("burst", i), remNB(nb))
+		}
+		remStoreMany(t, pool, evs)
+	} else {
+		// Large bursts: accept_event for each would take longer than any sane lead time on a
+		// loaded machine, so the signed events are bulk-inserted as accept_event stores them
+		// (event row with its read scope and tag index, armed reminder row). The lead time comes
+		// from the measured signing rate.
+		cal := time.Now()
+		for i := 0; i < 200; i++ {
+			remEvent(t, sk, t0.Unix(), "calibration", remNB(t0.Unix()))
+		}
+		perEvent := time.Since(cal) / 200
+		nb = time.Now().Add(5*time.Second + 3*time.Duration(n)*perEvent/2 + time.Duration(n)*time.Millisecond/2).Unix()
+		for i := range evs {
+			evs[i] = remEvent(t, sk, t0.Unix(), fmt.Sprint("burst", i), remNB(nb))
+		}
+		remBulkStore(t, pool, evs, nb)
+	}
+	var armed int
+	_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM buzz.reminders WHERE state = 'armed'`).Scan(&armed)
+	if armed != n {
+		t.Fatalf("%d of %d armed after storing (took %s); due too early, raise the lead time", armed, n, time.Since(t0))
+	}
+	c.wait(fmt.Sprintf("%d due signals", n), time.Duration(60+n/100)*time.Second, func() bool {
+		for _, ev := range evs {
+			if c.count[ev.ID] == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	time.Sleep(time.Second)
+	counts := c.counts()
+	late := make([]time.Duration, 0, n)
+	for _, ev := range evs {
+		if counts[ev.ID] != 1 {
+			t.Errorf("%s delivered %d times, want 1", ev.ID, counts[ev.ID])
+		}
+		c.mu.Lock()
+		late = append(late, c.first[ev.ID].Sub(time.Unix(nb, 0)))
+		c.mu.Unlock()
+	}
+	if len(counts) != n {
+		t.Errorf("%d distinct events delivered, want %d", len(counts), n)
+	}
+	p := remPercentilesT(late)
+	t.Logf("%d due in one second, 2 processes, author on one: delivery - not_before p50 %s p99 %s max %s", n, p[0], p[1], p[2])
+	var e50, e99, emax float64
+	_ = pool.QueryRow(context.Background(), `SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY x), percentile_cont(0.99) WITHIN GROUP (ORDER BY x), max(x)
+		FROM (SELECT extract(epoch FROM confirmed_at - to_timestamp(not_before)) AS x FROM buzz.reminders WHERE state = 'confirmed') s`).Scan(&e50, &e99, &emax)
+	t.Logf("emitted (confirmed_at) - not_before: p50 %.3fs p99 %.3fs max %.3fs", e50, e99, emax)
+	var byProc int
+	_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM buzz.reminders WHERE state = 'confirmed' AND claims = 1`).Scan(&byProc)
+	if byProc != n {
+		t.Errorf("%d of %d confirmed on the first claim", byProc, n)
+	}
+}
+
+// A newer version stored before not_before re-arms (only the newer one is delivered); one stored
+// after the due signal was sent cancels nothing already sent and sends nothing itself.
+func TestReminderNewerVersionAcrossProcesses(t *testing.T) {
+	url := testenv.FreshDB(t)
+	pool := testenv.Pool(t, url)
+	relayKey, _ := testenv.NewKey()
+	sk, pk := testenv.NewKey()
+	a := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: url, RelayKey: relayKey})
+	testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: url, RelayKey: relayKey})
+	c := remDial(t, a.URL)
+	c.auth(sk)
+	c.subscribeDue(pk)
+
+	now := time.Now().Unix()
+	v1 := remEvent(t, sk, now-2, "addr", remNB(now+3))
+	remMustAccept(t, pool, v1)
+	v2 := remEvent(t, sk, now-1, "addr", remNB(now+4)) // re-arms before v1 was due
+	remMustAccept(t, pool, v2)
+	c.wait("v2 due", 30*time.Second, func() bool { return c.count[v2.ID] > 0 })
+	v3 := remEvent(t, sk, now, "addr", remNB(now+3600)) // after the due signal was sent
+	remMustAccept(t, pool, v3)
+	time.Sleep(time.Second)
+	got := c.counts()
+	if got[v1.ID] != 0 || got[v2.ID] != 1 || got[v3.ID] != 0 {
+		t.Fatalf("due deliveries v1=%d v2=%d v3=%d, want 0, 1, 0", got[v1.ID], got[v2.ID], got[v3.ID])
+	}
+	for _, w := range []struct {
+		ev    *nostr.Event
+		state string
+	}{{v1, "cancelled"}, {v2, "confirmed"}, {v3, "armed"}} {
+		if r := remGet(t, pool, w.ev.ID); r.State != w.state {
+			t.Errorf("%s is %s, want %s", w.ev.ID, r.State, w.state)
+		}
+	}
+}
+
+func remPercentilesT(ds []time.Duration) [3]time.Duration {
+	s := append([]time.Duration(nil), ds...)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return [3]time.Duration{}
+	}
+	return [3]time.Duration{s[len(s)/2], s[int(0.99*float64(len(s)-1))], s[len(s)-1]}
+}

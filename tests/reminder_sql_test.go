@@ -1,0 +1,416 @@
+package tests
+
+// Invariants I5 and I6 at the SQL boundary (sql/0004_reminders.up.sql), against real PostgreSQL.
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+// Two claims on two connections, released together by a barrier on database state: a third
+// session holds the row lock until both claimers are observed waiting for it, so both statements
+// really run concurrently and the loser goes through the re-check. Exactly one gets a stamp.
+func TestReminderConcurrentClaimsExactlyOneWins(t *testing.T) {
+	url := testenv.DB(t)
+	pool := testenv.Pool(t, url)
+	ctx := context.Background()
+	for round := 0; round < 20; round++ {
+		ev := remDue(t, pool)
+		holder := testenv.NewSession(t, url, "rem-holder")
+		holder.Begin()
+		if _, err := holder.Tx.Exec(ctx, `SELECT 1 FROM buzz.reminders WHERE id = $1 FOR UPDATE`, ev.ID); err != nil {
+			t.Fatal(err)
+		}
+		a, b := testenv.NewSession(t, url, "rem-a"), testenv.NewSession(t, url, "rem-b")
+		var stamps [2]*int64
+		var wg sync.WaitGroup
+		dones := make([]<-chan struct{}, 2)
+		for i, s := range []*testenv.Session{a, b} {
+			i, s := i, s
+			wg.Add(1)
+			dones[i] = testenv.Async(func() { defer wg.Done(); stamps[i] = remClaim(t, s.Conn, ev) })
+		}
+		for i, s := range []*testenv.Session{a, b} {
+			if !testenv.WaitBlockedOrDone(t, pool, s.PID, dones[i]) {
+				t.Fatalf("round %d: claimer %d did not block behind the row lock", round, i)
+			}
+		}
+		if err := holder.Tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		won := 0
+		for _, s := range stamps {
+			if s != nil {
+				won++
+			}
+		}
+		if won != 1 {
+			t.Fatalf("round %d: %d of 2 concurrent claims won (stamps %s), want exactly 1", round, won, remFmt(stamps[:]))
+		}
+		if third := remClaim(t, pool, ev); third != nil {
+			t.Fatalf("round %d: a third claim got stamp %d while the claim is held", round, *third)
+		}
+		if r := remGet(t, pool, ev.ID); r.State != "claimed" || r.Claims != 1 {
+			t.Fatalf("round %d: row %+v, want claimed once", round, r)
+		}
+		a.Conn.Close(ctx)
+		b.Conn.Close(ctx)
+		holder.Conn.Close(ctx)
+	}
+}
+
+func TestReminderRollbackMatchingStampThenNewClaimWins(t *testing.T) {
+	pool := testenv.Pool(t, testenv.DB(t))
+	ev := remDue(t, pool)
+	s1 := remClaim(t, pool, ev)
+	if s1 == nil {
+		t.Fatal("first claim got NULL")
+	}
+	if !remBoolCall(t, pool, "rollback_reminder_claim", ev, *s1) {
+		t.Fatal("rollback with the matching stamp returned false")
+	}
+	if r := remGet(t, pool, ev.ID); r.State != "armed" || r.Rolls != 1 {
+		t.Fatalf("after rollback: %+v, want armed with one rollback", r)
+	}
+	s2 := remClaim(t, pool, ev)
+	if s2 == nil || *s2 == *s1 {
+		t.Fatalf("claim after rollback: %v (first %d), want a new stamp", s2, *s1)
+	}
+}
+
+// The row holds a newer claim (the old one's lease expired and was re-taken): the old owner's
+// rollback is refused and changes nothing.
+func TestReminderRollbackStaleStampChangesNothing(t *testing.T) {
+	pool := testenv.Pool(t, testenv.DB(t))
+	ev := remDue(t, pool)
+	s1 := remClaimLease(t, pool, ev, 20*time.Millisecond)
+	if s1 == nil {
+		t.Fatal("first claim got NULL")
+	}
+	remWaitLeaseExpired(t, pool, ev.ID)
+	s2 := remClaim(t, pool, ev)
+	if s2 == nil || *s2 == *s1 {
+		t.Fatalf("recovery claim: %v, want a new stamp", s2)
+	}
+	before := remGet(t, pool, ev.ID)
+	if before.Recoveries != 1 {
+		t.Fatalf("recoveries %d, want 1", before.Recoveries)
+	}
+	if remBoolCall(t, pool, "rollback_reminder_claim", ev, *s1) {
+		t.Fatal("rollback with a stale stamp returned true")
+	}
+	after := remGet(t, pool, ev.ID)
+	if after.State != "claimed" || after.Stamp == nil || *after.Stamp != *s2 || after.Rolls != 0 {
+		t.Fatalf("stale rollback changed the row: %+v -> %+v", before, after)
+	}
+	// And the stale owner cannot confirm either (nothing emitted: see the slot test).
+	if remBoolCall(t, pool, "confirm_reminder_claim", ev, *s1) {
+		t.Fatal("confirm with a stale stamp returned true")
+	}
+	if !remBoolCall(t, pool, "confirm_reminder_claim", ev, *s2) {
+		t.Fatal("confirm with the current stamp returned false")
+	}
+	if remBoolCall(t, pool, "rollback_reminder_claim", ev, *s2) {
+		t.Fatal("rollback after confirm returned true")
+	}
+	if r := remGet(t, pool, ev.ID); r.State != "confirmed" {
+		t.Fatalf("rollback after confirm changed the row: %+v", r)
+	}
+}
+
+// Claim -> rollback -> claim as fast as the machine goes: stamps come from a sequence, so they
+// differ even within one microsecond, and the first stamp is dead afterwards.
+func TestReminderClaimRollbackClaimMachineSpeed(t *testing.T) {
+	pool := testenv.Pool(t, testenv.DB(t))
+	ctx := context.Background()
+	ev := remDue(t, pool)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	seen := map[int64]bool{}
+	var prev int64
+	for i := 0; i < 500; i++ {
+		// One pipelined round trip: the steps run back to back on one backend, microseconds apart.
+		batch := &pgx.Batch{}
+		batch.Queue(`SELECT buzz.rollback_reminder_claim($1, $2, $3)`, ev.ID, int64(ev.CreatedAt), prev)
+		batch.Queue(`SELECT buzz.claim_due_reminder($1, $2)`, ev.ID, int64(ev.CreatedAt))
+		batch.Queue(`SELECT buzz.rollback_reminder_claim($1, $2, currval('buzz.reminder_stamp_seq'))`, ev.ID, int64(ev.CreatedAt))
+		batch.Queue(`SELECT buzz.claim_due_reminder($1, $2)`, ev.ID, int64(ev.CreatedAt))
+		br := conn.SendBatch(ctx, batch)
+		var first, second *int64
+		var ok, prevOK bool
+		if err := br.QueryRow().Scan(&prevOK); err != nil {
+			t.Fatal(err)
+		}
+		if err := br.QueryRow().Scan(&first); err != nil {
+			t.Fatal(err)
+		}
+		if err := br.QueryRow().Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		if err := br.QueryRow().Scan(&second); err != nil {
+			t.Fatal(err)
+		}
+		br.Close()
+		if first == nil || second == nil || !ok {
+			t.Fatalf("iteration %d: claim %v, rollback %v, claim %v", i, first, ok, second)
+		}
+		if *first == *second || seen[*first] || seen[*second] {
+			t.Fatalf("iteration %d: stamps not unique: %d, %d", i, *first, *second)
+		}
+		seen[*first], seen[*second] = true, true
+		prev = *second
+		if remBoolCall(t, pool, "rollback_reminder_claim", ev, *first) {
+			t.Fatalf("iteration %d: rollback with the first (stale) stamp returned true", i)
+		}
+		if r := remGet(t, pool, ev.ID); r.State != "claimed" || *r.Stamp != *second {
+			t.Fatalf("iteration %d: stale rollback changed the row: %+v", i, r)
+		}
+	}
+}
+
+// A stale confirm emits nothing; the current one emits exactly one due message with its stamp.
+// Checked on the WAL itself through a test_decoding slot on a database of its own.
+func TestReminderStaleConfirmEmitsNothing(t *testing.T) {
+	pool := testenv.Pool(t, testenv.FreshDB(t))
+	slot := remNewSlot(t, pool)
+	ev := remDue(t, pool)
+	s1 := remClaimLease(t, pool, ev, 20*time.Millisecond)
+	remWaitLeaseExpired(t, pool, ev.ID)
+	s2 := remClaim(t, pool, ev)
+	if s1 == nil || s2 == nil {
+		t.Fatalf("claims %v %v", s1, s2)
+	}
+	single := remBoolCall(t, pool, "confirm_reminder_claim", ev, *s1)
+	if msgs := slot.dueMessages(t); len(msgs) != 0 {
+		t.Fatalf("stale confirm_reminder_claim emitted %d due messages: %v", len(msgs), msgs)
+	}
+	var ids []string
+	if err := pool.QueryRow(context.Background(), `SELECT coalesce(array_agg(x), '{}') FROM buzz.confirm_reminder_claims($1, $2) x`,
+		[]string{ev.ID}, []int64{*s1}).Scan(&ids); err != nil {
+		t.Fatal(err)
+	}
+	if msgs := slot.dueMessages(t); len(msgs) != 0 {
+		t.Fatalf("stale confirm_reminder_claims emitted %d due messages: %v", len(msgs), msgs)
+	}
+	if single || len(ids) != 0 {
+		t.Fatalf("stale confirms reported success: single %v, batch %v", single, ids)
+	}
+	if !remBoolCall(t, pool, "confirm_reminder_claim", ev, *s2) {
+		t.Fatal("current confirm returned false")
+	}
+	if remBoolCall(t, pool, "confirm_reminder_claim", ev, *s2) {
+		t.Fatal("second confirm with the same stamp returned true")
+	}
+	msgs := slot.dueMessages(t)
+	if len(msgs) != 1 {
+		t.Fatalf("%d due messages after one confirm, want 1: %v", len(msgs), msgs)
+	}
+	m := msgs[0]
+	evj, _ := m["ev"].(map[string]any)
+	if m["scope"] != "a" || fmt.Sprint(m["stamp"]) != fmt.Sprint(*s2) || evj["id"] != ev.ID || evj["sig"] != ev.Sig ||
+		evj["pubkey"] != ev.PubKey || evj["content"] != ev.Content || fmt.Sprint(evj["kind"]) != "30300" {
+		t.Fatalf("due message %v does not carry the stored event %s with stamp %d", m, ev.ID, *s2)
+	}
+}
+
+// Not due, cancelled, confirmed or expired versions are never claimed.
+func TestReminderClaimOnlyWhenDue(t *testing.T) {
+	pool := testenv.Pool(t, testenv.DB(t))
+	ctx := context.Background()
+	sk, _ := testenv.NewKey()
+	now := time.Now().Unix()
+
+	future := remEvent(t, sk, now, "future", remNB(now+3600))
+	remMustAccept(t, pool, future)
+	if s := remClaim(t, pool, future); s != nil {
+		t.Fatal("claimed a reminder before its not_before")
+	}
+
+	// Expired: the expiration passed (stored while still valid: expiration > not_before, both
+	// in the past relative to the claim) -> never due, and the batch claim cancels it.
+	exp := remEvent(t, sk, now-10, "expired", remNB(now-5), []string{"expiration", fmt.Sprint(now - 1)})
+	if _, err := pool.Exec(ctx, `INSERT INTO buzz.reminders (id, pubkey, d_tag, created_at, not_before, expires_at)
+		VALUES ($1, $2, 'expired', $3, $4, $5)`, exp.ID, exp.PubKey, int64(exp.CreatedAt), now-5, now-1); err != nil {
+		t.Fatal(err)
+	}
+	if s := remClaim(t, pool, exp); s != nil {
+		t.Fatal("claimed an expired reminder")
+	}
+
+	old := remEvent(t, sk, now-1, "x", remNB(now-2))
+	remMustAccept(t, pool, old)
+	newer := remEvent(t, sk, now, "x", remNB(now+3600))
+	remMustAccept(t, pool, newer)
+	if r := remGet(t, pool, old.ID); r.State != "cancelled" {
+		t.Fatalf("older version %+v, want cancelled by the newer one", r)
+	}
+	if s := remClaim(t, pool, old); s != nil {
+		t.Fatal("claimed a cancelled version")
+	}
+	// Wrong created_at: the (id, created_at) pair names the version.
+	due := remDue(t, pool)
+	var s *int64
+	_ = pool.QueryRow(ctx, `SELECT buzz.claim_due_reminder($1, $2)`, due.ID, int64(due.CreatedAt)+1).Scan(&s)
+	if s != nil {
+		t.Fatal("claimed with a wrong created_at")
+	}
+}
+
+// A newer version stored before not_before re-arms (the old one is cancelled, the new one
+// armed); a newer version stored after the due signal was sent cancels nothing already sent.
+func TestReminderNewerVersionRearmsOrLeavesSentAlone(t *testing.T) {
+	pool := testenv.Pool(t, testenv.DB(t))
+	sk, _ := testenv.NewKey()
+	now := time.Now().Unix()
+	v1 := remEvent(t, sk, now-3, "addr", remNB(now+3600))
+	remMustAccept(t, pool, v1)
+	v2 := remEvent(t, sk, now-2, "addr", remNB(now-1))
+	remMustAccept(t, pool, v2)
+	if r := remGet(t, pool, v1.ID); r.State != "cancelled" {
+		t.Fatalf("v1 %+v, want cancelled", r)
+	}
+	s := remClaim(t, pool, v2)
+	if s == nil || !remBoolCall(t, pool, "confirm_reminder_claim", v2, *s) {
+		t.Fatal("v2 not claimable/confirmable")
+	}
+	v3 := remEvent(t, sk, now-1, "addr", remNB(now+3600))
+	remMustAccept(t, pool, v3)
+	if r := remGet(t, pool, v2.ID); r.State != "confirmed" {
+		t.Fatalf("v2 after v3: %+v, want still confirmed", r)
+	}
+	if r := remGet(t, pool, v3.ID); r.State != "armed" {
+		t.Fatalf("v3 %+v, want armed", r)
+	}
+	// A newer version without not_before cancels the armed one and arms nothing.
+	v4 := remEvent(t, sk, now, "addr")
+	remMustAccept(t, pool, v4)
+	if r := remGet(t, pool, v3.ID); r.State != "cancelled" {
+		t.Fatalf("v3 after v4: %+v, want cancelled", r)
+	}
+}
+
+// The batch claim takes disjoint sets under concurrency, recovers expired leases, and status
+// shows what an operator needs.
+func TestReminderBatchClaimDisjointAndStatus(t *testing.T) {
+	pool := testenv.Pool(t, testenv.FreshDB(t))
+	ctx := context.Background()
+	const n = 600
+	sk, _ := testenv.NewKey()
+	now := time.Now().Unix()
+	for i := 0; i < n; i++ {
+		remMustAccept(t, pool, remEvent(t, sk, now, fmt.Sprint("b", i), remNB(now-1)))
+	}
+	var st struct{ armed, due, claimed, stuck, confirmed, cancelled, recovered int64 }
+	status := func() {
+		t.Helper()
+		var late *time.Duration
+		var next *int64
+		if err := pool.QueryRow(ctx, `SELECT armed, due, claimed, stuck, confirmed, cancelled, recovered, oldest_due_lateness, next_not_before FROM buzz.reminder_status()`).
+			Scan(&st.armed, &st.due, &st.claimed, &st.stuck, &st.confirmed, &st.cancelled, &st.recovered, &late, &next); err != nil {
+			t.Fatal(err)
+		}
+	}
+	status()
+	if st.due != n || st.claimed != 0 {
+		t.Fatalf("status before claims: %+v", st)
+	}
+	// Four concurrent batch claimers: every id claimed exactly once.
+	var mu sync.Mutex
+	got := map[string]int{}
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				rows, err := pool.Query(ctx, `SELECT id FROM buzz.claim_due_reminders(100, '10 minutes')`)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if len(ids) == 0 {
+					return
+				}
+				mu.Lock()
+				for _, id := range ids {
+					got[id]++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(got) != n {
+		t.Fatalf("%d distinct ids claimed, want %d", len(got), n)
+	}
+	for id, c := range got {
+		if c != 1 {
+			t.Fatalf("%s claimed %d times before any lease expired", id, c)
+		}
+	}
+	// The owners "die": move the leases into the past (as if 10 minutes went by). They show as
+	// stuck, and the next batch recovers them with new stamps.
+	if _, err := pool.Exec(ctx, `UPDATE buzz.reminders SET lease_until = now() - interval '1 millisecond' WHERE state = 'claimed'`); err != nil {
+		t.Fatal(err)
+	}
+	var stuck int64
+	_ = pool.QueryRow(ctx, `SELECT stuck FROM buzz.reminder_status()`).Scan(&stuck)
+	if stuck != n {
+		t.Fatalf("stuck %d, want %d", stuck, n)
+	}
+	rows, _ := pool.Query(ctx, `SELECT id, stamp, recovered FROM buzz.claim_due_reminders($1, '1 minute')`, n)
+	type rc struct {
+		ID        string
+		Stamp     int64
+		Recovered bool
+	}
+	rec, err := pgx.CollectRows(rows, pgx.RowToStructByPos[rc])
+	if err != nil || len(rec) != n {
+		t.Fatalf("recovery batch: %d rows, %v", len(rec), err)
+	}
+	ids := make([]string, 0, n)
+	stamps := make([]int64, 0, n)
+	for _, r := range rec {
+		if !r.Recovered {
+			t.Fatalf("%s not flagged recovered", r.ID)
+		}
+		ids, stamps = append(ids, r.ID), append(stamps, r.Stamp)
+	}
+	rows, _ = pool.Query(ctx, `SELECT buzz.confirm_reminder_claims($1, $2)`, ids, stamps)
+	confirmed, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(confirmed) != n {
+		t.Fatalf("batch confirm: %d, %v", len(confirmed), err)
+	}
+	status()
+	if st.confirmed != n || st.recovered != n || st.claimed != 0 || st.due != 0 || st.stuck != 0 {
+		t.Fatalf("status after recovery: %+v", st)
+	}
+}
+
+func remFmt(ps []*int64) string {
+	out := ""
+	for _, p := range ps {
+		if p == nil {
+			out += " NULL"
+		} else {
+			out += fmt.Sprintf(" %d", *p)
+		}
+	}
+	return out
+}
