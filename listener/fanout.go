@@ -1,0 +1,225 @@
+// Package listener holds buzzpg's background side. This file and its fanout_* siblings are the
+// fan-out: a logical-replication tail (pglogrepl, pgoutput) that hands every stored event, every
+// ephemeral event and every reminder due signal of the whole deployment to this process's relay.
+package listener
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/buzzpg/buzzpg/internal/evt"
+)
+
+// FanoutConfig configures the replication tail of one process.
+type FanoutConfig struct {
+	DatabaseURL string        // replication connection adds replication=database
+	InstanceID  string        // slot name buzz_<instance id> (sanitised to [a-z0-9_], <= 63 chars)
+	StaleAfter  time.Duration // drop slots of instances silent longer than this; default 60s
+	Heartbeat   time.Duration // default 5s
+	Logger      *slog.Logger
+
+	// Optional.
+	ListenAddr        string        // recorded in buzz.instances for operators
+	SlotCreateTimeout time.Duration // default 30s; on timeout the blocking sessions are logged
+	StatusInterval    time.Duration // how often the consumed position is acknowledged; default 1s
+	DedupeWindow      int           // ids remembered for de-duplication; default 65536
+}
+
+// Fanout tails buzz.events inserts and 'buzz' logical messages through this process's own
+// named replication slot and hands each one to the sink exactly once.
+type Fanout struct {
+	cfg  FanoutConfig
+	pool *pgxpool.Pool
+	sink evt.Sink
+	log  *slog.Logger
+	slot string
+
+	ready      atomic.Bool
+	lagNanos   atomic.Int64 // delay between commit and hand-off of the last handled transaction
+	lastCommit atomic.Int64 // unix nanos of its commit
+
+	// Stream state, touched only by the Run goroutine (and by Close after Run returned).
+	lastEnd pglogrepl.LSN // end of the last transaction handed to the sink (or keepalive position)
+	seen    *recentKeys
+	hadSlot bool
+
+	// Counters (tests and metrics).
+	delivered  atomic.Int64
+	skippedTxn atomic.Int64 // whole transactions skipped because they ended at or before lastEnd
+	skippedDup atomic.Int64 // single deliveries skipped by id
+	sessions   atomic.Int64 // replication sessions attached
+
+	mu      sync.Mutex
+	cancel  context.CancelFunc
+	done    chan struct{}
+	closed  bool
+	running bool
+
+	// startHook, when set (tests), chooses the LSN a session asks the server to start from.
+	startHook func(last pglogrepl.LSN) pglogrepl.LSN
+}
+
+// NewFanout prepares a fan-out; Run starts it.
+func NewFanout(cfg FanoutConfig, pool *pgxpool.Pool, sink evt.Sink) *Fanout {
+	if cfg.StaleAfter <= 0 {
+		cfg.StaleAfter = 60 * time.Second
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = 5 * time.Second
+	}
+	// A live process must beat several times within StaleAfter, or others would take it for dead
+	// during a mere reconnect; this also keeps the reaping bound near StaleAfter.
+	if cfg.Heartbeat > cfg.StaleAfter/3 {
+		cfg.Heartbeat = cfg.StaleAfter / 3
+	}
+	if cfg.SlotCreateTimeout <= 0 {
+		cfg.SlotCreateTimeout = 30 * time.Second
+	}
+	if cfg.StatusInterval <= 0 {
+		cfg.StatusInterval = time.Second
+	}
+	if cfg.DedupeWindow <= 0 {
+		cfg.DedupeWindow = 1 << 16
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	slot := SlotName(cfg.InstanceID)
+	return &Fanout{
+		cfg: cfg, pool: pool, sink: sink, slot: slot,
+		log:  log.With("component", "fanout", "slot", slot),
+		seen: newRecentKeys(cfg.DedupeWindow),
+		done: make(chan struct{}),
+	}
+}
+
+// Slot is the name of this process's replication slot.
+func (f *Fanout) Slot() string { return f.slot }
+
+// Ready reports whether the replication stream is attached.
+func (f *Fanout) Ready() bool { return f.ready.Load() }
+
+// Lag is how far behind commit the fan-out is: while attached, the delay between the commit of
+// the last handled transaction and its hand-off to the sink; while detached, the time since that
+// commit (everything committed since is waiting).
+func (f *Fanout) Lag() time.Duration {
+	if f.ready.Load() {
+		return time.Duration(f.lagNanos.Load())
+	}
+	if c := f.lastCommit.Load(); c != 0 {
+		return time.Since(time.Unix(0, c))
+	}
+	return 0
+}
+
+// Delivered counts deliveries handed to the sink.
+func (f *Fanout) Delivered() int64 { return f.delivered.Load() }
+
+// Run streams until ctx ends (or Close), reconnecting with capped backoff after any error. It
+// returns nil when stopped, and an error only for what retrying cannot fix (wal_level, a role
+// without the REPLICATION attribute).
+func (f *Fanout) Run(ctx context.Context) error {
+	f.mu.Lock()
+	if f.closed || f.running {
+		f.mu.Unlock()
+		return errors.New("fanout: Run called twice or after Close")
+	}
+	f.running = true
+	ctx, cancel := context.WithCancel(ctx)
+	f.cancel = cancel
+	f.mu.Unlock()
+	defer close(f.done)
+
+	bo := newFanBackoff()
+	for {
+		err := CheckWalLevel(ctx, f.pool)
+		var wl *WalLevelError
+		if errors.As(err, &wl) {
+			return err
+		}
+		if err == nil {
+			break
+		}
+		f.log.Warn("fan-out cannot reach PostgreSQL; retrying", "err", err)
+		if !bo.wait(ctx) {
+			return nil
+		}
+	}
+
+	hbDone := make(chan struct{})
+	go func() { defer close(hbDone); f.heartbeatLoop(ctx) }()
+	defer func() { cancel(); <-hbDone }() // also on a fatal return: stop heart-beating first
+
+	for {
+		attached, err := f.stream(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege: retrying cannot help
+			return fmt.Errorf("fan-out: %w: the database role needs the REPLICATION attribute (ALTER ROLE <role> REPLICATION) to stream changes and manage slots", err)
+		}
+		if attached {
+			bo.reset()
+		}
+		f.log.Warn("fan-out replication stream lost; reconnecting", "err", err, "resume_lsn", f.lastEnd.String())
+		if !bo.wait(ctx) {
+			return nil
+		}
+	}
+}
+
+// Close stops Run and removes this instance's traces: its slot (a graceful shutdown must not pin
+// WAL until a reaper notices) and its instance row.
+func (f *Fanout) Close(ctx context.Context) error {
+	f.mu.Lock()
+	f.closed = true
+	cancel, running := f.cancel, f.running
+	f.mu.Unlock()
+	if running {
+		cancel()
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	err := dropSlot(ctx, f.pool, f.slot)
+	if _, e := f.pool.Exec(ctx, `DELETE FROM buzz.instances WHERE instance_id = $1`, f.cfg.InstanceID); err == nil {
+		err = e
+	}
+	if err == nil {
+		f.log.Info("fan-out closed; slot dropped")
+	}
+	return err
+}
+
+// fanBackoff doubles from 100ms to a 5s cap, with jitter so processes that lost the server together
+// do not come back in lockstep.
+type fanBackoff struct{ d time.Duration }
+
+func newFanBackoff() *fanBackoff { return &fanBackoff{d: 100 * time.Millisecond} }
+func (b *fanBackoff) reset()     { b.d = 100 * time.Millisecond }
+func (b *fanBackoff) wait(ctx context.Context) bool {
+	d := b.d/2 + time.Duration(rand.Int64N(int64(b.d/2)+1))
+	if b.d *= 2; b.d > 5*time.Second {
+		b.d = 5 * time.Second
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
+}

@@ -1,0 +1,238 @@
+package listener
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/buzzpg/buzzpg/internal/evt"
+)
+
+// fanPluginArgs: pgoutput protocol 1 (PG 15), our publication, and logical messages (ephemeral
+// events and reminder due signals are not rows).
+var fanPluginArgs = []string{"proto_version '1'", "publication_names 'buzz_events'", "messages 'true'"}
+
+// session is the per-connection decoding state.
+type replSession struct {
+	rels       map[uint32]*pgRelation
+	inTxn      bool
+	skipTxn    bool // this transaction ended at or before lastEnd: already handed over
+	commitTime time.Time
+}
+
+// stream runs one replication session: make sure the slot exists, attach, and hand everything to
+// the sink until an error. attached says whether START_REPLICATION succeeded (which resets the backoff).
+func (f *Fanout) stream(ctx context.Context) (attached bool, err error) {
+	if err := f.ensureSlot(ctx); err != nil {
+		return false, err
+	}
+	conn, err := f.connect(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer conn.Close(context.Background())
+
+	// Ask for what follows our own last hand-off. The server starts at the later of this and the
+	// slot's confirmed position; after a crash PostgreSQL 15 may resend from an older point anyway,
+	// which the LSN and id checks below absorb.
+	start := f.lastEnd
+	if f.startHook != nil {
+		start = f.startHook(start)
+	}
+	if err := pglogrepl.StartReplication(ctx, conn, f.slot, start,
+		pglogrepl.StartReplicationOptions{PluginArgs: fanPluginArgs}); err != nil {
+		return false, fmt.Errorf("START_REPLICATION: %w", err)
+	}
+	f.ready.Store(true)
+	defer f.ready.Store(false)
+	f.sessions.Add(1)
+	f.log.Info("fan-out replication stream attached", "start_lsn", start.String())
+
+	s := &replSession{rels: map[uint32]*pgRelation{}}
+	nextStatus := time.Now().Add(f.cfg.StatusInterval)
+	for {
+		if !time.Now().Before(nextStatus) {
+			// Acknowledge only what the sink already has: lastEnd moves after hand-off.
+			if err := pglogrepl.SendStandbyStatusUpdate(ctx, conn,
+				pglogrepl.StandbyStatusUpdate{WALWritePosition: f.lastEnd}); err != nil {
+				return true, fmt.Errorf("standby status update: %w", err)
+			}
+			nextStatus = time.Now().Add(f.cfg.StatusInterval)
+		}
+		rctx, cancel := context.WithDeadline(ctx, nextStatus)
+		raw, err := conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if pgconn.Timeout(err) && ctx.Err() == nil {
+				continue // time to send a status update
+			}
+			return true, err
+		}
+		switch msg := raw.(type) {
+		case *pgproto3.CopyData:
+			if len(msg.Data) == 0 {
+				continue
+			}
+			switch msg.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				k, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+				if err != nil {
+					return true, err
+				}
+				// Between transactions, everything before the server's position has been sent and
+				// handled (including transactions pgoutput skipped as empty), so the slot may move
+				// there; otherwise WAL written by other tables would stay pinned.
+				if !s.inTxn && k.ServerWALEnd > f.lastEnd {
+					f.lastEnd = k.ServerWALEnd
+				}
+				if k.ReplyRequested {
+					nextStatus = time.Time{}
+				}
+			case pglogrepl.XLogDataByteID:
+				x, err := pglogrepl.ParseXLogData(msg.Data[1:])
+				if err != nil {
+					return true, err
+				}
+				if err := f.handle(s, x.WALData); err != nil {
+					return true, err
+				}
+			}
+		case *pgproto3.ErrorResponse:
+			return true, pgconn.ErrorResponseToPgError(msg)
+		case *pgproto3.CopyDone:
+			return true, fmt.Errorf("server ended the replication stream")
+		}
+	}
+}
+
+// handle decodes one pgoutput message.
+func (f *Fanout) handle(s *replSession, data []byte) error {
+	m, err := pglogrepl.Parse(data)
+	if err != nil {
+		return fmt.Errorf("pgoutput: %w", err)
+	}
+	switch m := m.(type) {
+	case *pglogrepl.RelationMessage:
+		s.rels[m.RelationID] = newPgRelation(m)
+	case *pglogrepl.BeginMessage:
+		s.inTxn = true
+		s.commitTime = m.CommitTime
+		// FinalLSN is where the commit record starts; a transaction we handled ended (its
+		// TransactionEndLSN, our lastEnd) after that point.
+		s.skipTxn = m.FinalLSN < f.lastEnd
+		if s.skipTxn {
+			f.skippedTxn.Add(1)
+		}
+	case *pglogrepl.CommitMessage:
+		s.inTxn = false
+		if !s.skipTxn {
+			f.lastEnd = m.TransactionEndLSN
+			now := time.Now()
+			f.lagNanos.Store(int64(now.Sub(m.CommitTime)))
+			f.lastCommit.Store(m.CommitTime.UnixNano())
+		}
+		s.skipTxn = false
+	case *pglogrepl.InsertMessage:
+		if s.skipTxn {
+			return nil
+		}
+		r := s.rels[m.RelationID]
+		if r == nil {
+			return fmt.Errorf("pgoutput: insert into unknown relation %d", m.RelationID)
+		}
+		if r.schema != "buzz" || r.table != "events" {
+			return nil // the publication may grow; we only fan out events
+		}
+		d, err := fanDecodeRow(r, m.Tuple)
+		if err != nil {
+			// One undecodable row must not stop fan-out for everyone: log it and go on.
+			f.log.Error("fan-out cannot decode an events row; skipped", "err", err)
+			return nil
+		}
+		f.deliver(d)
+	case *pglogrepl.LogicalDecodingMessage:
+		if m.Prefix != MessagePrefix {
+			return nil
+		}
+		if s.skipTxn || (!m.Transactional && m.LSN < f.lastEnd) {
+			return nil
+		}
+		d, ok, err := fanDecodeMessage(m.Content)
+		if err != nil {
+			f.log.Error("fan-out cannot decode a buzz message; skipped", "err", err)
+			return nil
+		}
+		if ok {
+			f.deliver(d)
+		}
+	}
+	return nil
+}
+
+// deliver hands d to the sink unless this exact delivery was handed over already.
+func (f *Fanout) deliver(d evt.Delivery) {
+	if !f.seen.add(fanDedupeKey(d)) {
+		f.skippedDup.Add(1)
+		return
+	}
+	f.sink.Deliver(d)
+	f.delivered.Add(1)
+}
+
+// ensureSlot creates this instance's slot when it is missing: on first start, and when a reaper
+// dropped it while we were silent (then whatever was committed meanwhile is lost for our
+// subscribers, so we say so).
+func (f *Fanout) ensureSlot(ctx context.Context) error {
+	ok, lost, err := slotExists(ctx, f.pool, f.slot)
+	if err != nil {
+		return err
+	}
+	if ok && lost {
+		// The server invalidated the slot (it retained more than max_slot_wal_keep_size): it can
+		// never stream again. Recreate it; the gap is lost for this process's subscribers.
+		f.log.Error("fan-out replication slot was invalidated by max_slot_wal_keep_size (this process fell too far behind); recreating it: events in the gap are not delivered by this process")
+		if err := dropSlot(ctx, f.pool, f.slot); err != nil {
+			return err
+		}
+		ok = false
+	}
+	if ok {
+		f.hadSlot = true
+		return nil
+	}
+	if f.hadSlot {
+		f.log.Error("fan-out replication slot vanished (reaped as stale, or dropped by hand); recreating it: events committed while it was missing are not delivered by this process")
+	}
+	// Register before creating: a slot without an instance row counts as orphaned for reapers.
+	if err := f.beat(ctx); err != nil {
+		return err
+	}
+	if err := createSlot(ctx, f.pool, f.slot, f.cfg.SlotCreateTimeout, f.log); err != nil {
+		return err
+	}
+	f.hadSlot = true
+	f.log.Info("fan-out replication slot created")
+	return nil
+}
+
+// connect opens the replication connection (replication=database) with our application_name.
+func (f *Fanout) connect(ctx context.Context) (*pgconn.PgConn, error) {
+	cfg, err := pgconn.ParseConfig(f.cfg.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("fanout: DATABASE_URL: %w", err)
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	cfg.RuntimeParams["application_name"] = ApplicationName(f.cfg.InstanceID)
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = 10 * time.Second
+	}
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("replication connection: %w", err)
+	}
+	return conn, nil
+}

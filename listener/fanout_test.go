@@ -1,0 +1,408 @@
+package listener
+
+import (
+	"context"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/evt"
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+func TestSlotName(t *testing.T) {
+	cases := map[string]string{
+		"abc":                   "buzz_abc",
+		"Host-1.a:B":            "buzz_host_1_a_b",
+		strings.Repeat("x", 80): "buzz_" + strings.Repeat("x", 58),
+	}
+	for in, want := range cases {
+		if got := SlotName(in); got != want {
+			t.Errorf("SlotName(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestWalLevelMessage(t *testing.T) {
+	h := newFanHarness(t)
+	if err := CheckWalLevel(context.Background(), h.pool); err != nil {
+		t.Fatalf("test cluster runs wal_level=logical, got %v", err)
+	}
+	msg := (&WalLevelError{Level: "replica"}).Error()
+	for _, want := range []string{"wal_level is replica", "wal_level=logical", "ALTER SYSTEM SET wal_level = logical", "restart PostgreSQL"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("message %q lacks %q", msg, want)
+		}
+	}
+}
+
+// Stored events (via accept_event), ephemeral events (accept_event's logical message) and due
+// signals arrive once each, decoded with their scope; a rolled-back transaction delivers nothing.
+func TestFanoutDeliversEachOnce(t *testing.T) {
+	h := newFanHarness(t)
+	ctx := context.Background()
+	sink := newFanRecSink()
+	h.start(FanoutConfig{}, sink, nil)
+
+	var keys []string
+	pub := fanSigned(1, "hello", nostr.Tags{{"t", "x"}, {"e", strings.Repeat("a", 64), "wss://r", "root"}})
+	h.accept(ctx, pub)
+	keys = append(keys, pub.ID)
+
+	gift := fanSigned(1059, "sealed", nostr.Tags{{"p", strings.Repeat("b", 64)}})
+	h.accept(ctx, gift)
+	keys = append(keys, gift.ID)
+
+	eph := fanSigned(20001, "typing", nil)
+	h.accept(ctx, eph)
+	keys = append(keys, eph.ID)
+
+	rem := fanSigned(30300, "enc", nostr.Tags{{"d", "r1"}})
+	h.emit(ctx, map[string]any{"t": "due", "ev": rem, "stamp": 42, "scope": "a"})
+	keys = append(keys, rem.ID+"/42")
+
+	// Several events in one transaction.
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 20; i++ {
+		ev := fanSigned(1, "batch", nil)
+		b, _ := ev.MarshalJSON()
+		if _, err := tx.Exec(ctx, `SELECT buzz.accept_event($1::jsonb)`, string(b)); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, ev.ID)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Rolled back: neither the row nor the message may come out.
+	rb := fanSigned(1, "rolled back", nil)
+	rbEph := fanSigned(20002, "rolled back", nil)
+	tx, _ = h.pool.Begin(ctx)
+	for _, ev := range []*nostr.Event{rb, rbEph} {
+		b, _ := ev.MarshalJSON()
+		if _, err := tx.Exec(ctx, `SELECT buzz.accept_event($1::jsonb)`, string(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = tx.Rollback(ctx)
+
+	// A barrier committed after the rollback: once it arrived, the rolled-back work would have too.
+	barrier := fanSigned(1, "barrier", nil)
+	h.accept(ctx, barrier)
+	keys = append(keys, barrier.ID)
+
+	sink.waitAll(t, keys, 20*time.Second)
+	sink.assertExactlyOnce(t, keys)
+
+	d, _ := sink.get(pub.ID)
+	if d.Event.Content != "hello" || d.Event.Kind != 1 || d.Event.PubKey != pub.PubKey || d.Event.Sig != pub.Sig ||
+		d.Event.CreatedAt != pub.CreatedAt || len(d.Event.Tags) != 3 || d.Event.Tags[1][3] != "root" || d.Scope.Kind != evt.ScopePublic || d.Due {
+		t.Errorf("stored event decoded wrong: %+v %+v", d.Event, d.Scope)
+	}
+	if ok, _ := d.Event.CheckSignature(); !ok || d.Event.GetID() != pub.ID {
+		t.Errorf("decoded event no longer verifies")
+	}
+	if d, _ := sink.get(gift.ID); d.Scope.Kind != evt.ScopeP || d.Scope.P != strings.Repeat("b", 64) {
+		t.Errorf("gift wrap scope = %+v, want p-scoped to its recipient", d.Scope)
+	}
+	if d, _ := sink.get(eph.ID); d.Event.Kind != 20001 || d.Scope.Kind != evt.ScopePublic || d.Due {
+		t.Errorf("ephemeral decoded wrong: %+v %+v", d.Event, d.Scope)
+	}
+	if d, _ := sink.get(rem.ID + "/42"); !d.Due || d.Stamp != 42 || d.Scope.Kind != evt.ScopeAuthor || d.Event.Kind != 30300 {
+		t.Errorf("due signal decoded wrong: %+v", d)
+	}
+}
+
+// Kill the walsender again and again while events flow: every event is delivered exactly once
+// (the named slot backfills, our position and ids de-duplicate).
+func TestFanoutWalsenderKilledWhileFlowing(t *testing.T) {
+	h := newFanHarness(t)
+	ctx := context.Background()
+	sink := newFanRecSink()
+	inst := fanInstance("kill")
+	// Acknowledge rarely, so each reconnect finds the slot's confirmed position behind what we
+	// handled and the server really resends: the test then fails if our de-duplication breaks.
+	f, _ := h.start(FanoutConfig{InstanceID: inst, StatusInterval: time.Hour}, sink, nil)
+
+	// The writer runs until the last kill is done, so every kill lands while events flow. Every
+	// tenth event is ephemeral: those emitted while the stream is down are still in WAL, so the
+	// slot backfills them too.
+	stop := make(chan struct{})
+	done := make(chan []string, 1)
+	errc := make(chan error, 1)
+	go func() {
+		var written []string
+		defer func() { done <- written }()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			k := 1
+			if i%10 == 0 {
+				k = 20000
+			}
+			ev := fanSigned(k, "flow", nil)
+			b, _ := ev.MarshalJSON()
+			if _, err := h.pool.Exec(ctx, `SELECT buzz.accept_event($1::jsonb)`, string(b)); err != nil {
+				errc <- err
+				return
+			}
+			written = append(written, ev.ID)
+		}
+	}()
+
+	for kills := 0; kills < 4; {
+		// Barrier: the stream is attached and has delivered something since the last kill.
+		before := f.Delivered()
+		fanWaitCond(t, 20*time.Second, "delivery progress", func() bool { return f.Ready() && f.Delivered() > before+100 })
+		pid := h.walsenderPID(ctx, inst)
+		if pid == 0 {
+			continue
+		}
+		var ok bool
+		if err := h.pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, pid).Scan(&ok); err != nil || !ok {
+			t.Fatalf("terminate walsender %d: %v %v", pid, ok, err)
+		}
+		kills++
+	}
+	close(stop)
+	keys := <-done
+	select {
+	case err := <-errc:
+		t.Fatal(err)
+	default:
+	}
+	t.Logf("%d events written during 4 walsender kills", len(keys))
+	sink.waitAll(t, keys, 30*time.Second)
+	// A last barrier so late duplicates would have arrived before we count.
+	last := fanSigned(1, "last", nil)
+	h.accept(ctx, last)
+	sink.waitAll(t, []string{last.ID}, 20*time.Second)
+	sink.assertExactlyOnce(t, append(keys, last.ID))
+	if s := f.sessions.Load(); s < 2 {
+		t.Errorf("only %d replication sessions: the walsender kills did not bite", s)
+	}
+	t.Logf("sessions=%d skipped_txn=%d skipped_dup=%d delivered=%d", f.sessions.Load(), f.skippedTxn.Load(), f.skippedDup.Load(), f.Delivered())
+}
+
+// PostgreSQL 15 may resend changes already acknowledged after a crash. Simulated: the next
+// session asks the server to start from 0, and the slot was never acknowledged past its creation,
+// so the server resends everything. Our own position must drop all of it.
+func TestFanoutResendDedupedByLSN(t *testing.T) {
+	h := newFanHarness(t)
+	ctx := context.Background()
+	sink := newFanRecSink()
+	inst := fanInstance("resend")
+	forget := make(chan bool, 1)
+	f, _ := h.start(FanoutConfig{InstanceID: inst, StatusInterval: time.Hour}, sink, func(f *Fanout) {
+		f.startHook = func(last pglogrepl.LSN) pglogrepl.LSN {
+			select {
+			case forgetIDs := <-forget:
+				if forgetIDs {
+					// Also lose the LSN memory so only the id window stands between the resend
+					// and a duplicate delivery.
+					f.lastEnd = 0
+				}
+				return 0
+			default:
+				return last
+			}
+		}
+	})
+	var keys []string
+	for i := 0; i < 50; i++ {
+		ev := fanSigned(1, "before", nil)
+		h.accept(ctx, ev)
+		keys = append(keys, ev.ID)
+	}
+	eph := fanSigned(20000, "eph", nil)
+	h.accept(ctx, eph)
+	keys = append(keys, eph.ID)
+	sink.waitAll(t, keys, 20*time.Second)
+
+	for round, forgetIDs := range []bool{false, true} {
+		skippedTxn, skippedDup := f.skippedTxn.Load(), f.skippedDup.Load()
+		sessions := f.sessions.Load()
+		forget <- forgetIDs
+		pid := h.walsenderPID(ctx, inst)
+		if _, err := h.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+			t.Fatal(err)
+		}
+		fanWaitCond(t, 20*time.Second, "reattached", func() bool { return f.sessions.Load() > sessions && f.Ready() })
+		after := fanSigned(1, "after", nil)
+		h.accept(ctx, after)
+		keys = append(keys, after.ID)
+		sink.waitAll(t, keys, 20*time.Second)
+		sink.assertExactlyOnce(t, keys)
+		if !forgetIDs && f.skippedTxn.Load()-skippedTxn < 51 {
+			t.Errorf("round %d: server resent only %d transactions; the simulation did not resend", round, f.skippedTxn.Load()-skippedTxn)
+		}
+		if forgetIDs && f.skippedDup.Load()-skippedDup < 51 {
+			t.Errorf("round %d: id window skipped only %d deliveries", round, f.skippedDup.Load()-skippedDup)
+		}
+	}
+}
+
+// A dead instance's slot (inactive, heartbeat older than StaleAfter) is dropped by a live one; an
+// active slot is never dropped even when its heartbeat looks stale; slots of other databases are
+// never touched.
+func TestFanoutReapsStaleSlots(t *testing.T) {
+	h := newFanHarness(t)
+	ctx := context.Background()
+	// "Crash" A: stop its Run without Close, so slot and row stay behind and heartbeats stop.
+	a, stopA := h.start(FanoutConfig{InstanceID: fanInstance("dead"), Heartbeat: time.Hour, StaleAfter: time.Hour}, newFanRecSink(), nil)
+	stopA()
+	fanWaitCond(t, 10*time.Second, "A detached", func() bool { return !a.Ready() })
+
+	// C is alive but we make its heartbeat look old: its slot is active, so it must survive.
+	c, _ := h.start(FanoutConfig{InstanceID: fanInstance("live"), Heartbeat: time.Hour, StaleAfter: time.Hour}, newFanRecSink(), nil)
+	if _, err := h.pool.Exec(ctx, `UPDATE buzz.instances SET heartbeat_at = now() - interval '1 hour' WHERE slot_name = $1`, c.Slot()); err != nil {
+		t.Fatal(err)
+	}
+
+	// A buzz_ slot in another database: not ours to reap.
+	other := newFanHarness(t)
+	foreign := SlotName(fanInstance("foreign"))
+	if _, err := other.pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, foreign); err != nil {
+		t.Fatal(err)
+	}
+
+	t0 := time.Now()
+	b, _ := h.start(FanoutConfig{InstanceID: fanInstance("reaper"), Heartbeat: 100 * time.Millisecond, StaleAfter: 2 * time.Second}, newFanRecSink(), nil)
+	fanWaitCond(t, 15*time.Second, "dead slot dropped", func() bool { return !h.slotExists(ctx, a.Slot()) })
+	if el := time.Since(t0); el > 2*time.Second+2*time.Second {
+		t.Errorf("dead slot dropped after %s; bound is StaleAfter + a heartbeat", el)
+	}
+	fanWaitCond(t, 5*time.Second, "dead instance row removed", func() bool {
+		var n int
+		_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM buzz.instances WHERE slot_name = $1`, a.Slot()).Scan(&n)
+		return n == 0
+	})
+	if !h.slotExists(ctx, c.Slot()) || !h.slotExists(ctx, b.Slot()) || !h.slotExists(ctx, foreign) {
+		t.Fatalf("a live, own or foreign slot was dropped")
+	}
+	// C keeps working.
+	sinkC := c.sink.(*fanRecSink)
+	ev := fanSigned(1, "still here", nil)
+	h.accept(ctx, ev)
+	sinkC.waitAll(t, []string{ev.ID}, 10*time.Second)
+}
+
+// Close drops the process's own slot and instance row.
+func TestFanoutCloseDropsSlot(t *testing.T) {
+	h := newFanHarness(t)
+	ctx := context.Background()
+	f, _ := h.start(FanoutConfig{}, newFanRecSink(), nil)
+	if !h.slotExists(ctx, f.Slot()) {
+		t.Fatal("no slot while running")
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := f.Close(cctx); err != nil {
+		t.Fatal(err)
+	}
+	if h.slotExists(ctx, f.Slot()) {
+		t.Error("slot survived Close")
+	}
+	var n int
+	_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM buzz.instances WHERE instance_id = $1`, f.cfg.InstanceID).Scan(&n)
+	if n != 0 {
+		t.Error("instance row survived Close")
+	}
+	if err := f.Run(ctx); err == nil {
+		t.Error("Run after Close must fail")
+	}
+}
+
+// Slot creation waits for transactions older than the attempt; the timeout logs who blocks and
+// start-up proceeds once the blocker is gone.
+func TestFanoutSlotCreationBlockedLogsPID(t *testing.T) {
+	h := newFanHarness(t)
+	ctx := context.Background()
+	blocker, err := h.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Release()
+	var pid int
+	if err := blocker.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := blocker.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT txid_current()`); err != nil { // holds an xid
+		t.Fatal(err)
+	}
+	logs := &fanLogBuf{}
+	cfg := FanoutConfig{DatabaseURL: h.url, InstanceID: fanInstance("blocked"), SlotCreateTimeout: 300 * time.Millisecond, Logger: fanLogger(t, logs)}
+	f := NewFanout(cfg, h.pool, newFanRecSink())
+	rctx, stop := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() { errc <- f.Run(rctx) }()
+	t.Cleanup(func() {
+		stop()
+		c, cc := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cc()
+		_ = f.Close(c)
+	})
+	fanWaitCond(t, 20*time.Second, "blocker logged", func() bool {
+		s := logs.String()
+		return strings.Contains(s, "blocked by an open transaction") && strings.Contains(s, "pid="+strconv.Itoa(pid))
+	})
+	if f.Ready() {
+		t.Fatal("attached although slot creation was blocked")
+	}
+	_ = tx.Rollback(ctx)
+	fanWaitCond(t, 20*time.Second, "attached after blocker ended", f.Ready)
+	select {
+	case err := <-errc:
+		t.Fatalf("Run returned: %v", err)
+	default:
+	}
+}
+
+// A role without REPLICATION cannot stream: Run fails at once with what to do, instead of
+// retrying forever.
+func TestFanoutNeedsReplicationRole(t *testing.T) {
+	h := newFanHarness(t)
+	ctx := context.Background()
+	role := fanInstance("norepl")
+	for _, q := range []string{
+		`CREATE ROLE ` + role + ` LOGIN NOREPLICATION`,
+		`GRANT USAGE ON SCHEMA buzz TO ` + role,
+		`GRANT ALL ON buzz.instances TO ` + role,
+	} {
+		if _, err := h.pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = h.pool.Exec(ctx, `DROP OWNED BY `+role)
+		_, _ = h.pool.Exec(ctx, `DROP ROLE `+role)
+	})
+	u, _ := url.Parse(h.url)
+	u.User = url.User(role)
+	pool := testenv.Pool(t, u.String())
+	f := NewFanout(FanoutConfig{DatabaseURL: u.String(), InstanceID: fanInstance("norepl"), Logger: fanLogger(t, nil)}, pool, newFanRecSink())
+	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	t0 := time.Now()
+	err := f.Run(rctx)
+	t.Logf("Run returned after %s: %v", time.Since(t0), err)
+	if err == nil || !strings.Contains(err.Error(), "REPLICATION") {
+		t.Fatalf("Run = %v, want an error naming the REPLICATION attribute", err)
+	}
+}

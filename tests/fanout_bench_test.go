@@ -1,0 +1,170 @@
+package tests
+
+import (
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+// BenchmarkFanoutCrossProcess measures publish→delivery latency from a writer on process A to a
+// subscriber on process B at a fixed offered rate, and in the same run:
+//   - "ok": publish→OK on A, i.e. the moment A's commit returned. That is when an in-process
+//     delivery (sink in the writer's own process) could happen at the earliest: the baseline.
+//   - "same": publish→delivery to a subscriber on A itself (A delivers its own events through its
+//     own replication tail too).
+//   - "cross": publish→delivery to a subscriber on B. Target: p99 ≤ 10 ms at 1,000 events/s.
+//   - "cross-ok": per event, cross minus ok: what fan-out adds to in-process delivery.
+//
+// Concurrency: BUZZ_BENCH_WRITERS WebSocket connections on A (default 8) share one paced schedule;
+// events are signed before the clock starts. Rates: BUZZ_BENCH_RATES (default "1000"; e.g.
+// "1000,2000,3000,4000" to find where delivery stops keeping up), each for BUZZ_BENCH_DURATION
+// (default 3s; the figure is 30s).
+//
+//	go test ./tests -run '^$' -bench FanoutCrossProcess -benchtime 1x
+//	BUZZ_BENCH_DURATION=30s BUZZ_BENCH_RATES=1000,2000,3000 go test ./tests -run '^$' -bench FanoutCrossProcess -benchtime 1x -timeout 30m
+func BenchmarkFanoutCrossProcess(b *testing.B) {
+	dur := 3 * time.Second
+	if s := os.Getenv("BUZZ_BENCH_DURATION"); s != "" {
+		dur, _ = time.ParseDuration(s)
+	}
+	writers := 8
+	if v, err := strconv.Atoi(os.Getenv("BUZZ_BENCH_WRITERS")); err == nil && v > 0 {
+		writers = v
+	}
+	rates := []int{1000}
+	if s := os.Getenv("BUZZ_BENCH_RATES"); s != "" {
+		rates = nil
+		for _, f := range strings.Split(s, ",") {
+			if v, err := strconv.Atoi(strings.TrimSpace(f)); err == nil && v > 0 {
+				rates = append(rates, v)
+			}
+		}
+	}
+	dbURL := testenv.FreshDB(b)
+	key, _ := testenv.NewKey()
+	a := testenv.StartRelay(b, testenv.RelayOpts{DatabaseURL: dbURL, RelayKey: key})
+	bb := testenv.StartRelay(b, testenv.RelayOpts{DatabaseURL: dbURL, RelayKey: key})
+	for _, rate := range rates {
+		r := runFanoutLoad(b, a, bb, rate, dur, writers)
+		b.Logf("rate %d/s offered, %.0f/s sent, %d events, %d writer connections on A:", rate, r.sentRate, r.n, writers)
+		for _, k := range []string{"ok", "same", "cross", "cross-ok"} {
+			p := r.pct[k]
+			b.Logf("  %-8s p50 %8s  p99 %8s  max %8s  (%d/%d)", k, p[0].Round(10*time.Microsecond), p[1].Round(10*time.Microsecond), p[2].Round(10*time.Microsecond), r.got[k], r.n)
+		}
+		b.Logf("  keeps up: %v (all delivered, cross-process p99 ≤ 10ms: %v)", r.got["cross"] == r.n, r.pct["cross"][1] <= 10*time.Millisecond)
+		b.ReportMetric(ms(r.pct["cross"][0]), fmt.Sprintf("cross-p50-ms@%d", rate))
+		b.ReportMetric(ms(r.pct["cross"][1]), fmt.Sprintf("cross-p99-ms@%d", rate))
+		b.ReportMetric(ms(r.pct["cross"][2]), fmt.Sprintf("cross-max-ms@%d", rate))
+		b.ReportMetric(ms(r.pct["ok"][1]), fmt.Sprintf("ok-p99-ms@%d", rate))
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+type loadResult struct {
+	n        int
+	sentRate float64
+	got      map[string]int
+	pct      map[string][3]time.Duration
+}
+
+func runFanoutLoad(b *testing.B, a, bb *testenv.Relay, rate int, dur time.Duration, writers int) loadResult {
+	author := newFanUser()
+	n := int(float64(rate) * dur.Seconds())
+	evs := make([]*nostr.Event, n)
+	index := make(map[string]int, n)
+	for i := range evs {
+		evs[i] = author.event(1, "bench")
+		index[evs[i].ID] = i
+	}
+	var mu sync.Mutex
+	sent := make([]time.Time, n)
+	lat := map[string][]time.Duration{"ok": make([]time.Duration, n), "same": make([]time.Duration, n), "cross": make([]time.Duration, n)}
+	got := map[string]int{}
+	record := func(kind string, id string, at time.Time) {
+		mu.Lock()
+		defer mu.Unlock()
+		if i, ok := index[id]; ok && !sent[i].IsZero() && lat[kind][i] == 0 {
+			lat[kind][i] = at.Sub(sent[i])
+			got[kind]++
+		}
+	}
+	subA, subB := fanDial(b, a.URL), fanDial(b, bb.URL)
+	subA.onEvent = func(_ string, ev *nostr.Event, at time.Time) { record("same", ev.ID, at) }
+	subB.onEvent = func(_ string, ev *nostr.Event, at time.Time) { record("cross", ev.ID, at) }
+	subA.subscribe(nostr.Filter{Authors: []string{author.pk}})
+	subB.subscribe(nostr.Filter{Authors: []string{author.pk}})
+
+	pubs := make([]*fanClient, writers)
+	for i := range pubs {
+		pubs[i] = fanDial(b, a.URL)
+		pubs[i].onOK = func(id string, ok bool, msg string, at time.Time) {
+			if !ok {
+				b.Errorf("publish refused: %s", msg)
+			}
+			record("ok", id, at)
+		}
+	}
+	b.ResetTimer()
+	interval := time.Second / time.Duration(rate)
+	start := time.Now().Add(20 * time.Millisecond)
+	for i, ev := range evs {
+		time.Sleep(time.Until(start.Add(time.Duration(i) * interval)))
+		mu.Lock()
+		sent[i] = time.Now()
+		mu.Unlock()
+		pubs[i%writers].sendEvent(ev)
+	}
+	sentRate := float64(n) / time.Since(start).Seconds()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		mu.Lock()
+		done := got["ok"] == n && got["same"] == n && got["cross"] == n
+		mu.Unlock()
+		if done || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	b.StopTimer()
+	mu.Lock()
+	defer mu.Unlock()
+	res := loadResult{n: n, sentRate: sentRate, got: map[string]int{}, pct: map[string][3]time.Duration{}}
+	// Per event, what the replication tail adds beyond the commit returning on A.
+	added := make([]time.Duration, 0, n)
+	for i := range sent {
+		if lat["ok"][i] != 0 && lat["cross"][i] != 0 {
+			added = append(added, lat["cross"][i]-lat["ok"][i])
+		}
+	}
+	res.pct["cross-ok"] = pct3(added)
+	res.got["cross-ok"] = len(added)
+	for k, ds := range lat {
+		res.got[k] = got[k]
+		var have []time.Duration
+		for _, d := range ds {
+			if d != 0 {
+				have = append(have, d)
+			}
+		}
+		res.pct[k] = pct3(have)
+	}
+	return res
+}
+
+func pct3(ds []time.Duration) [3]time.Duration {
+	if len(ds) == 0 {
+		return [3]time.Duration{}
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+	return [3]time.Duration{ds[int(0.50*float64(len(ds)-1))], ds[int(0.99*float64(len(ds)-1))], ds[len(ds)-1]}
+}

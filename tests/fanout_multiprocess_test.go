@@ -1,0 +1,257 @@
+package tests
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/testenv"
+	"github.com/buzzpg/buzzpg/listener"
+)
+
+// startFanoutRelays starts n `buzzpg serve` processes on one database with one relay key.
+func startFanoutRelays(t *testing.T, dbURL string, n int, env map[string]string) []*testenv.Relay {
+	t.Helper()
+	key, _ := testenv.NewKey()
+	rs := make([]*testenv.Relay, n)
+	for i := range rs {
+		rs[i] = testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: dbURL, RelayKey: key, Env: env})
+	}
+	return rs
+}
+
+// fanAssertOnce fails unless each id arrived exactly once on s.
+func fanAssertOnce(t *testing.T, c *fanClient, s *fanSub, where string, ids ...string) {
+	t.Helper()
+	got := c.counts(s)
+	for _, id := range ids {
+		if got[id] != 1 {
+			t.Errorf("%s: event %s arrived %d times, want 1", where, id[:8], got[id])
+		}
+	}
+}
+
+// Three processes: what is published on any of them (and what psql inserts) reaches subscribers on
+// all of them, exactly once; ephemeral events too.
+func TestFanoutPublishOnEachReceiveOnAll(t *testing.T) {
+	dbURL := testenv.DB(t)
+	rs := startFanoutRelays(t, dbURL, 3, nil)
+	author := newFanUser()
+	var subs []*fanSub
+	var clients []*fanClient
+	for _, r := range rs {
+		c := fanDial(t, r.URL)
+		clients = append(clients, c)
+		subs = append(subs, c.subscribe(nostr.Filter{Authors: []string{author.pk}, Kinds: []int{1, 20001}}))
+	}
+
+	var ids []string
+	for i, r := range rs {
+		pub := fanDial(t, r.URL)
+		ev := author.event(1, "from process "+r.InstanceID)
+		pub.mustPublish(ev)
+		ids = append(ids, ev.ID)
+		eph := author.event(20001, "typing on "+r.InstanceID)
+		pub.mustPublish(eph)
+		ids = append(ids, eph.ID)
+		_ = i
+	}
+	// An operator's insert from SQL reaches live subscribers too.
+	op := author.event(1, "inserted from psql")
+	fanPsqlAccept(t, dbURL, op)
+	ids = append(ids, op.ID)
+
+	for i, c := range clients {
+		c.waitEvents(subs[i], 20*time.Second, ids...)
+	}
+	// Barrier: a last event published after everything; once it is in, any duplicate of the
+	// earlier ones would have arrived (each process delivers in commit order).
+	last := author.event(1, "barrier")
+	fanDial(t, rs[0].URL).mustPublish(last)
+	for i, c := range clients {
+		c.waitEvents(subs[i], 20*time.Second, last.ID)
+		fanAssertOnce(t, c, subs[i], "subscriber on "+rs[i].InstanceID, append(ids, last.ID)...)
+	}
+}
+
+// Private events keep their read gates across processes: a gift wrap and a DM message published on
+// one process reach their reader on another and nobody else.
+func TestFanoutPrivateEventsRespectGates(t *testing.T) {
+	dbURL := testenv.DB(t)
+	rs := startFanoutRelays(t, dbURL, 3, nil)
+	alice, bob, eve := newFanUser(), newFanUser(), newFanUser()
+
+	// Bob on process 1, authenticated; Eve on process 2, authenticated as herself; an anonymous
+	// subscriber on process 2. All ask for everything Alice publishes of these kinds.
+	bobC := fanDial(t, rs[1].URL)
+	bobC.auth(bob)
+	eveC := fanDial(t, rs[2].URL)
+	eveC.auth(eve)
+	anonC := fanDial(t, rs[2].URL)
+
+	aliceC := fanDial(t, rs[0].URL)
+	aliceC.auth(alice)
+	msg := aliceC.mustPublish(alice.event(41010, "", nostr.Tag{"p", bob.pk}))
+	var resp struct {
+		ChannelID string `json:"channel_id"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(msg, "response:")), &resp); err != nil || resp.ChannelID == "" {
+		t.Fatalf("DM open response %q: %v", msg, err)
+	}
+
+	filter := nostr.Filter{Authors: []string{alice.pk}, Kinds: []int{1, 9, 1059}}
+	bobS := bobC.subscribe(filter)
+	eveS := eveC.subscribe(filter)
+	anonS := anonC.subscribe(nostr.Filter{Authors: []string{alice.pk}, Kinds: []int{1}})
+
+	gift := alice.event(1059, "sealed for bob", nostr.Tag{"p", bob.pk})
+	aliceC.mustPublish(gift)
+	dm := alice.event(9, "hi bob", nostr.Tag{"h", resp.ChannelID})
+	aliceC.mustPublish(dm)
+	// Barrier: a public event committed after the private ones. Each process delivers in commit
+	// order, so once a subscriber has it, a leaked private event would have arrived before.
+	public := alice.event(1, "public")
+	aliceC.mustPublish(public)
+
+	bobC.waitEvents(bobS, 20*time.Second, gift.ID, dm.ID, public.ID)
+	fanAssertOnce(t, bobC, bobS, "bob", gift.ID, dm.ID, public.ID)
+	eveC.waitEvents(eveS, 20*time.Second, public.ID)
+	anonC.waitEvents(anonS, 20*time.Second, public.ID)
+	for _, x := range []struct {
+		c    *fanClient
+		s    *fanSub
+		name string
+	}{{eveC, eveS, "eve"}, {anonC, anonS, "anonymous"}} {
+		got := x.c.counts(x.s)
+		if got[gift.ID] != 0 || got[dm.ID] != 0 {
+			t.Errorf("I7 broken: %s on another process received a private event (gift %d, dm %d)", x.name, got[gift.ID], got[dm.ID])
+		}
+	}
+}
+
+// Killing the walsender of the subscriber's process while events flow loses and duplicates
+// nothing: the process reconnects and backfills from its slot.
+func TestFanoutWalsenderKilledAcrossProcesses(t *testing.T) {
+	dbURL := testenv.DB(t)
+	rs := startFanoutRelays(t, dbURL, 2, nil)
+	pool := testenv.Pool(t, dbURL)
+	author := newFanUser()
+	sub := fanDial(t, rs[1].URL)
+	s := sub.subscribe(nostr.Filter{Authors: []string{author.pk}})
+	pub := fanDial(t, rs[0].URL)
+
+	var ids []string
+	kill := func() {
+		var pid int
+		err := pool.QueryRow(context.Background(),
+			`SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND backend_type = 'walsender'`,
+			listener.ApplicationName(rs[1].InstanceID)).Scan(&pid)
+		if err != nil {
+			t.Fatalf("walsender of %s: %v", rs[1].InstanceID, err)
+		}
+		if _, err := pool.Exec(context.Background(), `SELECT pg_terminate_backend($1)`, pid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for round := 0; round < 4; round++ {
+		// Pipeline a burst, kill the walsender in the middle of it, then collect the OKs.
+		var burst []*nostr.Event
+		for i := 0; i < 100; i++ {
+			ev := author.event(1, "flow")
+			burst = append(burst, ev)
+			pub.sendEvent(ev)
+			if i == 30 {
+				kill()
+			}
+		}
+		for _, ev := range burst {
+			pub.waitFor("OK", 20*time.Second, func() bool { _, ok := pub.oks[ev.ID]; return ok })
+			ids = append(ids, ev.ID)
+		}
+		sub.waitEvents(s, 30*time.Second, ids...)
+	}
+	last := author.event(1, "barrier")
+	pub.mustPublish(last)
+	sub.waitEvents(s, 20*time.Second, last.ID)
+	fanAssertOnce(t, sub, s, "subscriber", append(ids, last.ID)...)
+}
+
+// kill -9 of one process: its slot is gone within the documented bound while the others keep
+// delivering.
+func TestFanoutKilledProcessSlotIsReaped(t *testing.T) {
+	const stale = 3 * time.Second
+	dbURL := testenv.DB(t)
+	rs := startFanoutRelays(t, dbURL, 3, map[string]string{"BUZZ_SLOT_STALE_AFTER": stale.String()})
+	pool := testenv.Pool(t, dbURL)
+	slot := listener.SlotName(rs[2].InstanceID)
+	slotExists := func() bool {
+		var n int
+		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&n)
+		return n > 0
+	}
+	if !slotExists() {
+		t.Fatalf("slot %s missing while its process runs", slot)
+	}
+	author := newFanUser()
+	sub := fanDial(t, rs[1].URL)
+	s := sub.subscribe(nostr.Filter{Authors: []string{author.pk}})
+	pub := fanDial(t, rs[0].URL)
+
+	killed := time.Now()
+	rs[2].Kill()
+	var ids []string
+	for !func() bool { return !slotExists() }() {
+		if time.Since(killed) > 3*stale {
+			t.Fatalf("slot %s of the killed process still exists %s after kill -9 (bound: StaleAfter %s + StaleAfter/3)", slot, time.Since(killed), stale)
+		}
+		ev := author.event(1, "while reaping")
+		pub.mustPublish(ev)
+		ids = append(ids, ev.ID)
+		time.Sleep(100 * time.Millisecond) // pacing of the traffic, not a synchronisation
+	}
+	gone := time.Since(killed)
+	t.Logf("slot of the killed process dropped %s after kill -9 (StaleAfter %s)", gone, stale)
+	if gone > stale+stale/3+stale/10+time.Second {
+		t.Errorf("slot dropped after %s; documented bound is StaleAfter + StaleAfter/3 (+10%% jitter) = %s", gone, stale+stale/3+stale/10)
+	}
+	ev := author.event(1, "after reaping")
+	pub.mustPublish(ev)
+	ids = append(ids, ev.ID)
+	sub.waitEvents(s, 20*time.Second, ids...)
+	fanAssertOnce(t, sub, s, "subscriber on a surviving process", ids...)
+	var rows int
+	_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM buzz.instances WHERE instance_id = $1`, rs[2].InstanceID).Scan(&rows)
+	if rows != 0 {
+		t.Errorf("instance row of the killed process survived reaping")
+	}
+}
+
+// SIGTERM: the process drops its own slot and instance row on the way out, without waiting for a
+// reaper.
+func TestFanoutGracefulStopDropsSlot(t *testing.T) {
+	dbURL := testenv.DB(t)
+	r := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: dbURL})
+	pool := testenv.Pool(t, dbURL)
+	count := func(q, arg string) int {
+		var n int
+		if err := pool.QueryRow(context.Background(), q, arg).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	slot := listener.SlotName(r.InstanceID)
+	if count(`SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, slot) != 1 {
+		t.Fatalf("slot %s missing while the process runs", slot)
+	}
+	r.Stop()
+	if n := count(`SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, slot); n != 0 {
+		t.Errorf("slot %s survived a graceful stop", slot)
+	}
+	if n := count(`SELECT count(*) FROM buzz.instances WHERE instance_id = $1`, r.InstanceID); n != 0 {
+		t.Errorf("instance row survived a graceful stop")
+	}
+}
