@@ -79,6 +79,7 @@ max_connections = 400
 max_slot_wal_keep_size = '2GB'
 idle_in_transaction_session_timeout = '60s'
 wal_sender_timeout = '30s'
+wal_writer_delay = '10ms'
 shared_buffers = '256MB'
 logging_collector = off
 log_min_messages = warning
