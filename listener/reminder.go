@@ -86,7 +86,7 @@ func NewScheduler(cfg SchedulerConfig, pool *pgxpool.Pool) *Scheduler {
 	return &Scheduler{
 		cfg:      cfg,
 		pool:     pool,
-		log:      cfg.Logger.With("component", "reminders", "instance", cfg.InstanceID),
+		log:      cfg.Logger.With("component", "reminders"),
 		wake:     make(chan struct{}, 1),
 		inflight: map[string]int64{},
 	}

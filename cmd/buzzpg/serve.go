@@ -97,7 +97,7 @@ func runServe(args []string) error {
 			ReqBurst:         cfg.ReqBurst,
 			IPEventRate:      cfg.IPEventRate,
 			IPReqRate:        cfg.IPReqRate,
-			Logger:           log.With("component", "relay"),
+			Logger:           log,
 		}, accept, query)
 		if err != nil {
 			return err
@@ -106,7 +106,7 @@ func runServe(args []string) error {
 			DatabaseURL: cfg.DatabaseURL,
 			InstanceID:  cfg.InstanceID,
 			StaleAfter:  cfg.SlotStaleAfter,
-			Logger:      log.With("component", "fanout"),
+			Logger:      log,
 		}, lpool, srv)
 	}
 	publisher := listener.NewPublisher(listener.PublisherConfig{
@@ -115,13 +115,13 @@ func runServe(args []string) error {
 		SweepInterval:  cfg.SweepInterval,
 		Lease:          cfg.Lease,
 		BackoffMax:     cfg.BackoffMax,
-		Logger:         log.With("component", "publisher"),
+		Logger:         log,
 		DatabaseURL:    cfg.DatabaseURL,
 	}, lpool)
 	scheduler := listener.NewScheduler(listener.SchedulerConfig{
 		InstanceID:  cfg.InstanceID,
 		Lease:       cfg.ReminderLease,
-		Logger:      log.With("component", "reminders"),
+		Logger:      log,
 		DatabaseURL: cfg.DatabaseURL,
 	}, lpool)
 
