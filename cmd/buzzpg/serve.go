@@ -60,7 +60,7 @@ func runServe(args []string) error {
 		return err
 	}
 	defer query.Close()
-	lpool, err := db.NewPool(ctx, cfg.DatabaseURL, "buzzpg-listener:"+cfg.InstanceID, 8)
+	lpool, err := db.NewPool(ctx, cfg.DatabaseURL, "buzzpg-listener:"+cfg.InstanceID, 12)
 	if err != nil {
 		return err
 	}

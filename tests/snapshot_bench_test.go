@@ -1,0 +1,155 @@
+package tests
+
+// End-to-end NIP-DV convergence through a real `buzzpg serve`: a resurfacing message accepted
+// over the relay → the viewer's live subscription receives the new snapshot.
+//
+//	go test ./tests -run '^$' -bench SnapshotServeConvergence -benchtime 1x -v
+//	(BUZZ_BENCH_RATE overrides the 500 messages/s; BUZZ_BUILD_TAGS="testhooks libsecp256k1"
+//	builds the relay with cgo signatures)
+
+import (
+	"context"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+func BenchmarkSnapshotServeConvergence(b *testing.B) {
+	rate := 500
+	if r, err := strconv.Atoi(os.Getenv("BUZZ_BENCH_RATE")); err == nil && r > 0 {
+		rate = r
+	}
+	const viewers = 500
+	const rounds = 3
+	dbURL := testenv.FreshDB(b)
+	pool := testenv.Pool(b, dbURL)
+	ctx := context.Background()
+	relayKey, _ := testenv.NewKey()
+	r := testenv.StartRelay(b, testenv.RelayOpts{DatabaseURL: dbURL, RelayKey: relayKey,
+		Env: map[string]string{"BUZZ_LOG_LEVEL": "info"}})
+
+	senderSK, senderPK := testenv.NewKey()
+	sender := snapDial(b, r.URL)
+	sender.auth(senderSK)
+
+	type viewer struct {
+		pk, ch string
+		c      *snapClient
+	}
+	// Per viewer and round: when the sender saw the OK of its resurfacing message, and when the
+	// viewer's live subscription got a snapshot with nothing hidden (either may come first).
+	type sample struct{ ok, snap time.Time }
+	var mu sync.Mutex
+	cur := map[string]*sample{}      // viewer -> this round's sample
+	msgViewer := map[string]string{} // message id -> viewer
+	var done []*sample
+	refused := 0
+	vs := make([]*viewer, viewers)
+	for i := range vs {
+		sk, pk := testenv.NewKey()
+		v := &viewer{pk: pk}
+		if err := pool.QueryRow(ctx, `SELECT channel_id::text FROM buzz.open_dm($1, ARRAY[$2], NULL)`, senderPK, pk).Scan(&v.ch); err != nil {
+			b.Fatal(err)
+		}
+		v.c = snapDial(b, r.URL)
+		v.c.auth(sk)
+		v.c.subscribe(nostr.Filter{Kinds: []int{30622}, Tags: nostr.TagMap{"p": []string{pk}}})
+		v.c.onEvent = func(sub string, ev *nostr.Event, at time.Time) {
+			if len(snapHidden(ev)) != 0 {
+				return // a hide's snapshot, not the resurfacing one
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if x := cur[pk]; x != nil && x.snap.IsZero() {
+				x.snap = at
+			}
+		}
+		vs[i] = v
+	}
+	sender.onOK = func(id string, at time.Time) {
+		mu.Lock()
+		defer mu.Unlock()
+		if v, ok := msgViewer[id]; ok && cur[v] != nil && cur[v].ok.IsZero() {
+			cur[v].ok = at
+			if r := sender.oks[id]; r[0] != "true" {
+				refused++
+			}
+		}
+	}
+	all := make([]string, viewers)
+	for i, v := range vs {
+		all[i] = v.pk
+	}
+	slices.Sort(all)
+	converged := func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM buzz.visibility_state WHERE viewer = ANY($1) AND published_generation < target_generation`, all).Scan(&n)
+		return n == 0
+	}
+
+	b.ResetTimer()
+	var offered float64
+	for round := 0; round < rounds; round++ {
+		// Hide every DM (sorted by viewer: the documented lock order), wait for those snapshots.
+		snapExec(b, pool, `SELECT buzz.hide_dm(m.pubkey, m.channel_id) FROM
+			(SELECT pubkey, channel_id FROM buzz.members WHERE pubkey = ANY($1) AND hidden_at IS NULL ORDER BY pubkey) m`, all)
+		snapWait(b, time.Minute, "hides published", converged)
+		// Resurface them: one message per viewer, paced.
+		tick := time.NewTicker(time.Second / time.Duration(rate))
+		t0 := time.Now()
+		for _, v := range vs {
+			<-tick.C
+			ev := snapEvent(b, senderSK, 9, "ping", nostr.Tag{"h", v.ch})
+			mu.Lock()
+			msgViewer[ev.ID] = v.pk
+			cur[v.pk] = &sample{}
+			mu.Unlock()
+			sender.send("EVENT", ev)
+		}
+		tick.Stop()
+		offered += float64(viewers) / time.Since(t0).Seconds() / rounds
+		snapWait(b, time.Minute, "resurfacing snapshots received", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, x := range cur {
+				if x.ok.IsZero() || x.snap.IsZero() {
+					return false
+				}
+			}
+			return true
+		})
+		mu.Lock()
+		for _, x := range cur {
+			done = append(done, x)
+		}
+		cur = map[string]*sample{}
+		mu.Unlock()
+		if refused > 0 {
+			b.Fatalf("%d messages refused", refused)
+		}
+	}
+	b.StopTimer()
+	var lat []time.Duration
+	early := 0
+	for _, x := range done {
+		d := x.snap.Sub(x.ok)
+		if d < 0 {
+			d, early = 0, early+1
+		}
+		lat = append(lat, d)
+	}
+	slices.Sort(lat)
+	q := func(f float64) time.Duration { return lat[int(f*float64(len(lat)-1))] }
+	b.ReportMetric(offered, "msgs/s")
+	b.ReportMetric(float64(q(0.5).Microseconds())/1000, "p50_ms")
+	b.ReportMetric(float64(q(0.99).Microseconds())/1000, "p99_ms")
+	b.Logf("%d resurfacing messages at %.0f/s (%d viewers, one relay process, publisher 4 workers): accepted (OK) -> live snapshot p50 %s p99 %s max %s (%d arrived before the sender saw its OK)",
+		len(lat), offered, viewers, q(0.5), q(0.99), lat[len(lat)-1], early)
+}
