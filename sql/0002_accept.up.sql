@@ -341,7 +341,15 @@ DECLARE
   e_sig text := ev->>'sig';
   cls text;
   now_s bigint := buzz.now_unix();
-  relay_pk text := coalesce(buzz.cfg('relay_pubkey'), '');
+  relay_pk text;
+  max_future bigint;
+  bad_tags boolean;
+  t_actor text;
+  t_p text;
+  t_d text;
+  e_tagvals text[];
+  is_dup boolean;
+  is_deleted boolean;
   exp_s text;
   e_expires bigint;
   h_val text;
@@ -363,11 +371,27 @@ BEGIN
      OR jsonb_typeof(ev->'content') IS DISTINCT FROM 'string' THEN
     PERFORM buzz.reject('BZ400', 'invalid: malformed event');
   END IF;
-  IF EXISTS (SELECT 1 FROM jsonb_array_elements(e_tags) t
-              WHERE jsonb_typeof(t) <> 'array' OR jsonb_array_length(t) = 0
-                 OR EXISTS (SELECT 1 FROM jsonb_array_elements(t) v WHERE jsonb_typeof(v) <> 'string')) THEN
+  -- One pass over the tags for everything acceptance needs (each separate lookup is a query).
+  -- ->> on a non-array element yields NULL, so the FILTERs are safe before the shape verdict.
+  SELECT coalesce(bool_or(jsonb_typeof(t) <> 'array'
+                          OR (jsonb_typeof(t) = 'array' AND jsonb_array_length(t) = 0)
+                          OR (jsonb_typeof(t) = 'array' AND EXISTS (
+                                SELECT 1 FROM jsonb_array_elements(t) v WHERE jsonb_typeof(v) <> 'string'))), false),
+         (array_agg(t->>1 ORDER BY n) FILTER (WHERE t->>0 = 'expiration' AND t->>1 IS NOT NULL))[1],
+         (array_agg(t->>1 ORDER BY n) FILTER (WHERE t->>0 = 'h' AND t->>1 IS NOT NULL))[1],
+         (array_agg(t->>1 ORDER BY n) FILTER (WHERE t->>0 = 'actor' AND t->>1 IS NOT NULL))[1],
+         (array_agg(t->>1 ORDER BY n) FILTER (WHERE t->>0 = 'p' AND t->>1 IS NOT NULL))[1],
+         (array_agg(t->>1 ORDER BY n) FILTER (WHERE t->>0 = 'd' AND t->>1 IS NOT NULL))[1],
+         coalesce(array_agg(DISTINCT (t->>0) || ':' || (t->>1))
+                    FILTER (WHERE length(t->>0) = 1 AND t->>1 IS NOT NULL), '{}')
+    INTO bad_tags, exp_s, h_val, t_actor, t_p, t_d, e_tagvals
+    FROM jsonb_array_elements(e_tags) WITH ORDINALITY AS x(t, n);
+  IF bad_tags THEN
     PERFORM buzz.reject('BZ400', 'invalid: tags must be arrays of strings');
   END IF;
+  SELECT coalesce(max(value) FILTER (WHERE key = 'relay_pubkey'), ''),
+         coalesce(max(value) FILTER (WHERE key = 'max_future_seconds'), '900')::bigint
+    INTO relay_pk, max_future FROM buzz.config;
   IF (ev->>'created_at')::numeric NOT BETWEEN 0 AND 9007199254740991
      OR (ev->>'kind')::numeric NOT BETWEEN 0 AND 65535 OR (ev->>'kind')::numeric % 1 <> 0
      OR (ev->>'created_at')::numeric % 1 <> 0 THEN
@@ -383,12 +407,11 @@ BEGIN
   IF e_kind = 30622 THEN
     PERFORM buzz.reject('BZ403', 'restricted: relay-only kind');
   END IF;
-  IF e_created > now_s + coalesce(buzz.cfg('max_future_seconds'), '900')::bigint THEN
+  IF e_created > now_s + max_future THEN
     PERFORM buzz.reject('BZ400', 'invalid: created_at too far in future');
   END IF;
 
   -- NIP-40
-  exp_s := buzz.tag_first(e_tags, 'expiration');
   IF exp_s IS NOT NULL THEN
     IF exp_s !~ '^[0-9]{1,16}$' THEN
       PERFORM buzz.reject('BZ400', 'invalid: malformed expiration');
@@ -400,10 +423,13 @@ BEGIN
   END IF;
 
   -- Idempotent by id.
-  IF EXISTS (SELECT 1 FROM buzz.events WHERE id = e_id) THEN
+  SELECT EXISTS (SELECT 1 FROM buzz.events WHERE id = e_id),
+         EXISTS (SELECT 1 FROM buzz.deleted_ids WHERE id = e_id AND pubkey = e_pubkey)
+    INTO is_dup, is_deleted;
+  IF is_dup THEN
     ok := true; message := 'duplicate: already have this event'; RETURN;
   END IF;
-  IF EXISTS (SELECT 1 FROM buzz.deleted_ids WHERE id = e_id AND pubkey = e_pubkey) THEN
+  IF is_deleted THEN
     ok := false; message := 'blocked: deleted'; RETURN;
   END IF;
 
@@ -411,9 +437,8 @@ BEGIN
   -- On events the relay key signs for someone else, the sender is the actor tag, else the first p.
   sender := e_pubkey;
   IF e_pubkey = relay_pk AND relay_pk <> '' THEN
-    sender := coalesce(buzz.tag_first(e_tags, 'actor'), buzz.tag_first(e_tags, 'p'), e_pubkey);
+    sender := coalesce(t_actor, t_p, e_pubkey);
   END IF;
-  h_val := buzz.tag_first(e_tags, 'h');
   IF h_val IS NOT NULL THEN
     IF h_val !~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' THEN
       PERFORM buzz.reject('BZ403', 'restricted: unknown channel');
@@ -432,7 +457,7 @@ BEGIN
   IF e_kind IN (41010, 41011, 41012, 30300) THEN
     sc := 'a';
   ELSIF e_kind = 1059 THEN
-    sp := buzz.tag_first(e_tags, 'p');
+    sp := t_p;
     IF sp IS NULL OR NOT buzz.is_hex64(sp) THEN
       PERFORM buzz.reject('BZ400', 'invalid: gift wrap needs a p tag');
     END IF;
@@ -480,7 +505,7 @@ BEGIN
 
   -- Replaceable / addressable: serialise writers of the address, keep one head.
   IF cls IN ('replaceable', 'addressable') THEN
-    d := CASE WHEN cls = 'addressable' THEN coalesce(buzz.tag_first(e_tags, 'd'), '') ELSE '' END;
+    d := CASE WHEN cls = 'addressable' THEN coalesce(t_d, '') ELSE '' END;
     PERFORM pg_advisory_xact_lock(hashtextextended(e_kind || ':' || e_pubkey || ':' || d, 0));
     IF EXISTS (SELECT 1 FROM buzz.deleted_addresses
                 WHERE kind = e_kind AND pubkey = e_pubkey AND d_tag = d AND until_created_at >= e_created) THEN
@@ -503,7 +528,7 @@ BEGIN
 
   INSERT INTO buzz.events (id, pubkey, created_at, kind, tags, content, sig, d_tag, tagvals, h,
                            expires_at, scope, scope_p, channel_id)
-  VALUES (e_id, e_pubkey, e_created, e_kind, e_tags, e_content, e_sig, d, buzz.event_tagvals(e_tags),
+  VALUES (e_id, e_pubkey, e_created, e_kind, e_tags, e_content, e_sig, d, e_tagvals,
           h_val, e_expires, sc, sp, chan)
   ON CONFLICT (id) DO NOTHING;
   GET DIAGNOSTICS inserted = ROW_COUNT;
