@@ -67,8 +67,10 @@ vet:
 clean:
 	rm -rf bin
 
-# Load tool: a fresh database on the private cluster, two `buzzpg serve` processes of bin/buzzpg,
-# the standard scenario set (about 3 minutes); tables on stdout, JSON in $(BENCH_JSON).
+# Load tool: a fresh database on the private cluster, two `buzzpg serve` processes of bin/buzzpg
+# (flood starts two more, with and without rate limits), the standard scenario set: ingest, dm
+# (hot, mix, resurface; 16 conns), converge, reminders, fanout, flood (about 5 minutes); tables on
+# stdout, JSON in $(BENCH_JSON).
 BENCH_JSON ?= bin/bench-results.json
 bench: db-start build
 	$(BIN) bench standard --spawn 2 --fresh --database-url "$(DB_URL)" --json $(BENCH_JSON)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,12 +23,15 @@ const benchUsage = `usage: buzzpg bench SCENARIO [flags]
 
 scenarios:
   ingest     kind 1 from --conns connections (pre-signed), closed loop; baseline accept_event on as many connections
-  dm         DM messages: hot path (no hides) and a mix with hides and resurfacing; baseline accept_event
+  dm         DM messages: hot path (no hides), a mix with hides and resurfacing, and every message resurfacing
+             (hide, message, hide, ...); baseline accept_event of the same sequences on other DMs
   converge   resurfacing message OK -> the viewer's live 30622; baseline accept+source+sign+publish in SQL (--relay-key)
   reminders  a burst of --n reminders due in the same second; lateness; baseline claim+confirm in SQL
   fanout     publish on the first --relay, receive on the last; ramp (or --rate) to the highest rate that keeps up
+  flood      a victim's EVENT->OK and REQ->EOSE p50/p99 alone and under a flood from another loopback IP
+             (127.0.0.2), on a relay with rate limits and (with --spawn) on one without; --duration per phase
   all        every scenario above with the given flags
-  standard   the set ` + "`make bench`" + ` runs, each scenario with its own sizes (about 3 minutes)
+  standard   the set ` + "`make bench`" + ` runs, each scenario with its own sizes (about 5 minutes)
 
 flags:
 `
@@ -86,15 +90,16 @@ func runBench(args []string) error {
 		return fmt.Errorf("--conns must be at least 1")
 	}
 
+	var spawnFn func(string, []string) (string, func(), error)
 	if *spawn > 0 {
-		cleanup, urls, dbu, key, err := spawnRelays(*spawn, *dbURL, *fresh, *relayKey, logf)
+		cleanup, urls, dbu, key, sp, err := spawnRelays(*spawn, *dbURL, *fresh, *relayKey, logf)
 		if cleanup != nil {
 			defer cleanup()
 		}
 		if err != nil {
 			return err
 		}
-		relays, *dbURL, *relayKey = urls, dbu, key
+		relays, *dbURL, *relayKey, spawnFn = urls, dbu, key, sp
 	}
 	if len(relays) == 0 {
 		return fmt.Errorf("no relay: give --relay ws://HOST:PORT (repeatable) or --spawn N")
@@ -111,12 +116,13 @@ func runBench(args []string) error {
 		name string
 		cfg  bench.Config
 	}
+	base.Spawn = spawnFn
 	var steps []step
 	switch scenario {
-	case "ingest", "dm", "converge", "reminders", "fanout":
+	case "ingest", "dm", "converge", "reminders", "fanout", "flood":
 		steps = []step{{scenario, base}}
 	case "all":
-		for _, s := range []string{"ingest", "dm", "converge", "reminders", "fanout"} {
+		for _, s := range []string{"ingest", "dm", "converge", "reminders", "fanout", "flood"} {
 			steps = append(steps, step{s, base})
 		}
 	case "standard":
@@ -127,10 +133,11 @@ func runBench(args []string) error {
 		}
 		steps = []step{
 			{"ingest", with(15*time.Second, 16, 40000)},
-			{"dm", with(10*time.Second, 8, 16000)},
+			{"dm", with(8*time.Second, 16, 16000)},
 			{"converge", with(15*time.Second, 8, 100000)},
 			{"reminders", with(0, 8, 2000)},
 			{"fanout", with(4*time.Second, 4, 40000)},
+			{"flood", with(6*time.Second, 4, 20000)},
 		}
 	default:
 		fs.Usage()
@@ -167,6 +174,10 @@ func runBench(args []string) error {
 		case "fanout":
 			var r *bench.Result
 			r, err = bench.Fanout(&cfg)
+			rs = []*bench.Result{r}
+		case "flood":
+			var r *bench.Result
+			r, err = bench.Flood(&cfg)
 			rs = []*bench.Result{r}
 		}
 		if err != nil {
@@ -223,14 +234,16 @@ func serverVersion(u string) string {
 }
 
 // spawnRelays starts n `buzzpg serve` processes of this binary on loopback. With fresh it first
-// creates a new database on the server of dbURL (dropped again by cleanup).
-func spawnRelays(n int, dbURL string, fresh bool, key string, logf func(string, ...any)) (cleanup func(), urls []string, dbu, relayKey string, err error) {
+// creates a new database on the server of dbURL (dropped again by cleanup). spawn starts one more
+// process later (with extra environment, e.g. rate limits); cleanup stops those too.
+func spawnRelays(n int, dbURL string, fresh bool, key string, logf func(string, ...any)) (cleanup func(), urls []string, dbu, relayKey string,
+	spawn func(name string, env []string) (string, func(), error), err error) {
 	if dbURL == "" {
-		return nil, nil, "", "", fmt.Errorf("--spawn needs --database-url (or DATABASE_URL)")
+		return nil, nil, "", "", nil, fmt.Errorf("--spawn needs --database-url (or DATABASE_URL)")
 	}
 	bin, err := os.Executable()
 	if err != nil {
-		return nil, nil, "", "", err
+		return nil, nil, "", "", nil, err
 	}
 	var cleanups []func()
 	cleanup = func() {
@@ -242,12 +255,12 @@ func spawnRelays(n int, dbURL string, fresh bool, key string, logf func(string, 
 	if fresh {
 		name := fmt.Sprintf("buzz_bench_%d", time.Now().Unix())
 		if dbu, err = createDatabase(dbURL, name); err != nil {
-			return cleanup, nil, "", "", err
+			return cleanup, nil, "", "", nil, err
 		}
 		logf("fresh database %s", name)
 		cleanups = append(cleanups, func() { dropDatabase(dbURL, name) })
 		if err = db.MigrateUp(dbu, nil); err != nil {
-			return cleanup, nil, "", "", err
+			return cleanup, nil, "", "", nil, err
 		}
 	}
 	relayKey = key
@@ -256,26 +269,44 @@ func spawnRelays(n int, dbURL string, fresh bool, key string, logf func(string, 
 	}
 	logDir, err := os.MkdirTemp("", "buzzpg-bench-")
 	if err != nil {
-		return cleanup, nil, "", "", err
+		return cleanup, nil, "", "", nil, err
 	}
+	var mu sync.Mutex
 	var procs []*bench.Proc
 	cleanups = append(cleanups, func() {
+		mu.Lock()
+		defer mu.Unlock()
 		for _, p := range procs {
 			p.Stop(15 * time.Second)
 		}
 	})
-	for i := 0; i < n; i++ {
-		inst := fmt.Sprintf("bench%d_%d", i, os.Getpid())
-		p, err := bench.StartServe(bench.ProcOpts{Bin: bin, DatabaseURL: dbu, RelayKey: relayKey, InstanceID: inst,
+	start := func(inst string, env []string) (*bench.Proc, error) {
+		p, err := bench.StartServe(bench.ProcOpts{Bin: bin, DatabaseURL: dbu, RelayKey: relayKey, InstanceID: inst, Env: env,
 			LogPath: filepath.Join(logDir, inst+".log"), LogLevel: "info"}, 60*time.Second)
 		if err != nil {
-			return cleanup, nil, "", "", err
+			return nil, err
 		}
+		mu.Lock()
 		procs = append(procs, p)
-		urls = append(urls, p.URL)
+		mu.Unlock()
 		logf("started buzzpg serve %s on %s (log %s)", inst, p.URL, p.Opts.LogPath)
+		return p, nil
 	}
-	return cleanup, urls, dbu, relayKey, nil
+	for i := 0; i < n; i++ {
+		p, err := start(fmt.Sprintf("bench%d_%d", i, os.Getpid()), nil)
+		if err != nil {
+			return cleanup, nil, "", "", nil, err
+		}
+		urls = append(urls, p.URL)
+	}
+	spawn = func(name string, env []string) (string, func(), error) {
+		p, err := start(fmt.Sprintf("%s_%d", name, os.Getpid()), env)
+		if err != nil {
+			return "", nil, err
+		}
+		return p.URL, func() { p.Stop(15 * time.Second) }, nil
+	}
+	return cleanup, urls, dbu, relayKey, spawn, nil
 }
 
 func withDB(u, name string) (string, error) {

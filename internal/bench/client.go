@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -25,12 +26,15 @@ type OK struct {
 
 // Handlers are called on the client's reader goroutine; keep them short.
 type Handlers struct {
-	OnEvent  func(sub string, ev *nostr.Event, raw []byte, at time.Time)
-	OnOK     func(ok OK)
-	OnEOSE   func(sub string, at time.Time)
-	OnClosed func(sub, msg string, at time.Time)
-	OnNotice func(msg string, at time.Time)
-	OnEnd    func(err error, at time.Time) // the connection ended (read error)
+	OnEvent func(sub string, ev *nostr.Event, raw []byte, at time.Time)
+	// OnRawEvent, when set, replaces OnEvent and skips decoding the event (a flooding client
+	// that only counts what it gets keeps its CPU for sending).
+	OnRawEvent func(sub string, raw []byte, at time.Time)
+	OnOK       func(ok OK)
+	OnEOSE     func(sub string, at time.Time)
+	OnClosed   func(sub, msg string, at time.Time)
+	OnNotice   func(msg string, at time.Time)
+	OnEnd      func(err error, at time.Time) // the connection ended (read error)
 }
 
 // Client is a minimal NIP-01/42 client over gorilla/websocket. Writes are serialised; replies are
@@ -53,7 +57,22 @@ type Client struct {
 
 // Dial connects to url. The handlers may be zero.
 func Dial(url string, h Handlers, timeout time.Duration) (*Client, error) {
+	return DialFrom(url, "", h, timeout)
+}
+
+// DialFrom is Dial with the TCP connection bound to the local address localIP ("" = any). Linux
+// routes all of 127.0.0.0/8 to lo, so a client bound to 127.0.0.2 is a second client IP to a relay
+// on 127.0.0.1 (the flood scenario uses it to keep per-IP limits apart).
+func DialFrom(url, localIP string, h Handlers, timeout time.Duration) (*Client, error) {
 	d := websocket.Dialer{HandshakeTimeout: timeout, ReadBufferSize: 1 << 16, WriteBufferSize: 1 << 16}
+	if localIP != "" {
+		ip := net.ParseIP(localIP)
+		if ip == nil {
+			return nil, fmt.Errorf("bad local address %q", localIP)
+		}
+		nd := &net.Dialer{Timeout: timeout, LocalAddr: &net.TCPAddr{IP: ip}}
+		d.NetDialContext = nd.DialContext
+	}
 	conn, _, err := d.Dial(url, nil)
 	if err != nil {
 		return nil, err
@@ -110,6 +129,10 @@ func (c *Client) dispatch(data []byte, now time.Time) {
 		}
 		var sub string
 		_ = json.Unmarshal(msg[1], &sub)
+		if c.h.OnRawEvent != nil {
+			c.h.OnRawEvent(sub, msg[2], now)
+			return
+		}
 		ev := &nostr.Event{}
 		if json.Unmarshal(msg[2], ev) != nil {
 			return
@@ -323,3 +346,6 @@ func (c *Client) Req(sub string, timeout time.Duration, filters ...nostr.Filter)
 		return ErrTimeout
 	}
 }
+
+// CloseSub ends a subscription (NIP-01 CLOSE); the relay sends nothing back.
+func (c *Client) CloseSub(sub string) error { return c.write([]any{"CLOSE", sub}) }

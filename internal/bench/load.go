@@ -27,6 +27,10 @@ type Config struct {
 	Rate        float64 // target total rate; 0 = as fast as closed loops go
 	N           int     // events (or reminders) to pre-sign; an upper bound on one run
 	Logf        func(format string, args ...any)
+	// Spawn, when set (bench --spawn), starts one more `buzzpg serve` on loopback with extra
+	// environment (KEY=VALUE) and returns its WebSocket URL and how to stop it (flood uses it
+	// for relays with and without rate limits).
+	Spawn func(name string, env []string) (url string, stop func(), err error)
 }
 
 func (c *Config) logf(format string, args ...any) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nbd-wtf/go-nostr"
 )
 
@@ -69,7 +70,10 @@ func Ingest(cfg *Config) (*Result, error) {
 
 // DM: kind 9 messages in DMs. "hot": nobody hides (the path every chat message takes). "mix":
 // per DM a repeating cycle of 10 events: 2 hides (41012), 2 messages that resurface the other
-// member's hide, 6 plain messages. Each DM's events go in order through one connection.
+// member's hide, 6 plain messages. "resurface": per DM, B hides (41012) then A sends a kind 9,
+// over and over, so every message clears a hide (generation bump, outbox upsert, NOTIFY, and a
+// 30622 for the listeners to publish); the figure is messages per second (the hides are not
+// counted; the total event rate is twice it). Each DM's events go in order through one connection.
 // Baseline: the same shapes on other DMs through buzz.accept_event on as many pool connections.
 func DM(cfg *Config) ([]*Result, error) {
 	pool, err := openPool(cfg, cfg.Conns+2)
@@ -79,8 +83,8 @@ func DM(cfg *Config) ([]*Result, error) {
 	defer pool.Close()
 	pairsPerWorker := 2
 	np := cfg.Conns * pairsPerWorker
-	cfg.logf("dm: opening %d DMs (setup)", 4*np)
-	sets := make([][]dmPair, 4)
+	cfg.logf("dm: opening %d DMs (setup)", 6*np)
+	sets := make([][]dmPair, 6)
 	for i := range sets {
 		if sets[i], err = openPairs(pool, np); err != nil {
 			return nil, err
@@ -120,8 +124,29 @@ func DM(cfg *Config) ([]*Result, error) {
 		wg.Wait()
 		return out
 	}
-	cfg.logf("dm: pre-signing %d events", 4*perWorker*cfg.Conns)
+	// buildResurface: per unit k of worker w, on pair w*pairsPerWorker+k%pairsPerWorker, B hides
+	// and then A sends a message, which clears that hide: every message resurfaces the DM for B.
+	units := perWorker / 2
+	buildResurface := func(pairs []dmPair) [][]*nostr.Event {
+		out := make([][]*nostr.Event, cfg.Conns)
+		var wg sync.WaitGroup
+		for w := 0; w < cfg.Conns; w++ {
+			wg.Add(1)
+			go func(w int) {
+				defer wg.Done()
+				for k := 0; k < units; k++ {
+					p := pairs[w*pairsPerWorker+k%pairsPerWorker]
+					h := nostr.Tags{{"h", p.Ch}}
+					out[w] = append(out[w], p.B.Sign(41012, h, ""), p.A.Sign(9, h, "back "+strconv.Itoa(k)))
+				}
+			}(w)
+		}
+		wg.Wait()
+		return out
+	}
+	cfg.logf("dm: pre-signing %d events", 6*perWorker*cfg.Conns)
 	hotR, hotS, mixR, mixS := build(sets[0], false), build(sets[1], false), build(sets[2], true), build(sets[3], true)
+	resR, resS := buildResurface(sets[4]), buildResurface(sets[5])
 
 	run := func(name string, relayEvs, sqlEvs [][]*nostr.Event, what string) (*Result, error) {
 		res := newResult(name, cfg)
@@ -150,7 +175,67 @@ func DM(cfg *Config) ([]*Result, error) {
 		return nil, err
 	}
 	mix.Notes = append(mix.Notes, "mix: per DM a cycle of 10 events (2 hides, 2 resurfacing messages, 6 plain); every hide and resurfacing message also makes the listeners publish a 30622")
-	return []*Result{hot, mix}, nil
+
+	res, err := dmResurface(cfg, pool, resR, resS, units)
+	if err != nil {
+		return nil, err
+	}
+	hot.Notes = append(hot.Notes, fmt.Sprintf("issue 4 target: hot path >= 50%% of the raw accept_event rate: %.0f%% (%s)",
+		100*hot.Ratio, map[bool]string{true: "met", false: "NOT met"}[hot.Ratio >= 0.5]))
+	if len(hot.Rows) > 1 && len(res.Rows) > 1 {
+		res.Extra["msg_rate_vs_hot_sql"] = ratio(res.Rows[0].Rate, hot.Rows[1].Rate)
+		res.Notes = append(res.Notes, fmt.Sprintf("resurfacing messages via relay / hot-path accept_event rate (kind 9, no hides) = %.3f",
+			ratio(res.Rows[0].Rate, hot.Rows[1].Rate)))
+	}
+	return []*Result{hot, mix, res}, nil
+}
+
+// dmResurface runs the "every message resurfaces someone" DM run: evs[w] is (hide, message)
+// repeated; one unit publishes both in order and is timed by its message. Rates count messages.
+func dmResurface(cfg *Config, pool *pgxpool.Pool, relayEvs, sqlEvs [][]*nostr.Event, units int) (*Result, error) {
+	res := newResult("dm-resurface", cfg)
+	perWorker := make([]int, cfg.Conns)
+	for i := range perWorker {
+		perWorker[i] = units
+	}
+	rate := cfg.Rate / 2 // --rate is events per second; a unit is two events
+	var relayHides, sqlHides Latencies
+	var relayHideErrs, sqlHideErrs Errors
+	pair := func(one job, hideLat *Latencies, hideErrs *Errors) job {
+		return func(w, k int) (time.Duration, string, bool) {
+			lat, msg, more := one(w, 2*k)
+			if !more {
+				return lat, msg, false
+			}
+			hideLat.Add(lat)
+			if msg != "" {
+				hideErrs.Add(msg)
+			}
+			return one(w, 2*k+1)
+		}
+	}
+	cs, err := dialAll(cfg.Relays, cfg.Conns, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	cfg.logf("dm-resurface: relay run")
+	row := runWorkers(perWorker, rate, cfg.Duration, pair(publishJob(cs, relayEvs), &relayHides, &relayHideErrs))
+	closeAll(cs)
+	row.Name, row.Conns = "kind 9 resurfacing via relay", cfg.Conns
+	row.Note = fmt.Sprintf("messages/s, each after a hide 41012 on its DM: %.1f events/s in all; hide p50 %.2f ms p99 %.2f ms, hide errors %s",
+		2*row.Rate, relayHides.Summary().P50ms, relayHides.Summary().P99ms, fmtErrors(relayHideErrs.Map()))
+	cfg.logf("dm-resurface: SQL baseline")
+	base := runWorkers(perWorker, rate, cfg.Duration, pair(sqlJob(pool, marshalAll(sqlEvs)), &sqlHides, &sqlHideErrs))
+	base.Name, base.Conns, base.Baseline = "buzz.accept_event hide+resurface", cfg.Conns, true
+	base.Note = fmt.Sprintf("messages/s of the same sequence on other DMs: %.1f events/s in all; hide p50 %.2f ms p99 %.2f ms, hide errors %s",
+		2*base.Rate, sqlHides.Summary().P50ms, sqlHides.Summary().P99ms, fmtErrors(sqlHideErrs.Map()))
+	res.Rows = append(res.Rows, row, base)
+	res.Ratio = ratio(row.Rate, base.Rate)
+	res.RatioWhat = fmt.Sprintf("relay message rate / accept_event message rate (same hide+message sequence), both with %d concurrent connections", cfg.Conns)
+	res.Extra["events_per_s_relay"] = 2 * row.Rate
+	res.Extra["events_per_s_sql"] = 2 * base.Rate
+	res.Notes = append(res.Notes, "every message clears the recipient's hide: generation bump + outbox upsert + NOTIFY, and the listeners publish 30622s meanwhile (relay run only; in the SQL run the relays' listeners publish too)")
+	return res, nil
 }
 
 // snapSink collects one viewer's live 30622 snapshots (hidden channel sets).

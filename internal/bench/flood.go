@@ -1,0 +1,577 @@
+package bench
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+)
+
+// FloodLimits are the rate limits the flood scenario starts its "limits on" relay with (the
+// BUZZ_* variables of `buzzpg serve`). Victims stay well inside them.
+type FloodLimits struct {
+	EventRate   float64 `json:"event_rate"`
+	EventBurst  int     `json:"event_burst"`
+	ReqRate     float64 `json:"req_rate"`
+	ReqBurst    int     `json:"req_burst"`
+	IPEventRate float64 `json:"ip_event_rate"`
+	IPReqRate   float64 `json:"ip_req_rate"`
+}
+
+// DefaultFloodLimits: per connection 10 EVENT/s (burst 20) and 10 REQ/s (burst 20); per client IP
+// 20 EVENT/s and 10 REQ/s across its connections (the IP buckets take the same bursts). A victim
+// connection uses 5 of each per second.
+var DefaultFloodLimits = FloodLimits{EventRate: 10, EventBurst: 20, ReqRate: 10, ReqBurst: 20, IPEventRate: 20, IPReqRate: 10}
+
+// Env is the environment of a `buzzpg serve` with these limits.
+func (l FloodLimits) Env() []string {
+	f := func(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
+	return []string{"BUZZ_EVENT_RATE=" + f(l.EventRate), "BUZZ_EVENT_BURST=" + strconv.Itoa(l.EventBurst),
+		"BUZZ_REQ_RATE=" + f(l.ReqRate), "BUZZ_REQ_BURST=" + strconv.Itoa(l.ReqBurst),
+		"BUZZ_IP_EVENT_RATE=" + f(l.IPEventRate), "BUZZ_IP_REQ_RATE=" + f(l.IPReqRate)}
+}
+
+func (l FloodLimits) String() string {
+	return fmt.Sprintf("per conn EVENT %g/s burst %d, REQ %g/s burst %d; per IP EVENT %g/s, REQ %g/s",
+		l.EventRate, l.EventBurst, l.ReqRate, l.ReqBurst, l.IPEventRate, l.IPReqRate)
+}
+
+// NoFloodLimits turns every limit off (rate 0 = unlimited).
+var NoFloodLimits = FloodLimits{EventBurst: 100, ReqBurst: 50}
+
+const (
+	victimConns   = 8                      // victim connections, each from its own loopback IP (127.0.0.10+i)
+	victimTick    = 200 * time.Millisecond // per victim connection: one EVENT and one REQ per tick
+	floodConns    = 4                      // flooding connections, all from one client IP
+	floodWindow   = 64                     // EVENTs in flight per flooding connection
+	floodReqers   = 4                      // concurrent expensive REQs per flooding connection
+	floodMaxMsgs  = 2_000_000              // per phase and connection: a count bound beside the time bound
+	floodSeed     = 2000                   // kind 1 events the expensive REQ can return
+	floodReqLimit = 1000
+	replyTimeout  = 10 * time.Second
+)
+
+// Flood: the abuse bound of issue 7 part 4. A victim (victimConns connections, each from its own
+// loopback IP like separate users, each one EVENT->OK and one small REQ->EOSE per victimTick,
+// inside the limits) is measured alone and while one flooding client (floodConns connections from
+// another loopback IP, 127.0.0.2, so per-IP limits hit the flooder only) sends EVENTs (floodWindow
+// in flight per connection), expensive REQs (kind 1, limit floodReqLimit; floodReqers at a time per
+// connection), or both, as fast as it can. With cfg.Spawn it starts two relays of its own: one with
+// DefaultFloodLimits and one with no limits (the contrast); without it, only cfg.Relays[0] as
+// configured (its NIP-11 limits are shown). Per relay, 3 interleaved rounds of (alone, EVENT flood,
+// REQ flood, both), cfg.Duration/3 each (at least 2 s), so a noisy machine hits all alike. The
+// headline ratio is the victim's p99 under the full flood over alone with limits on (the larger of
+// EVENT->OK and REQ->EOSE).
+func Flood(cfg *Config) (*Result, error) {
+	res := newResult("flood", cfg)
+	pool, err := openPool(cfg, 4)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+
+	floodIP := "127.0.0.2"
+	victimIPs := make([]string, victimConns)
+	for i := range victimIPs {
+		victimIPs[i] = fmt.Sprintf("127.0.0.%d", 10+i)
+	}
+	if err := checkLocalIP(floodIP); err != nil {
+		floodIP = ""
+		victimIPs = make([]string, victimConns)
+		res.Notes = append(res.Notes, fmt.Sprintf("cannot bind 127.0.0.2 (%v): flooder and victims share 127.0.0.1, so per-IP limits are left OFF", err))
+	} else if err := checkLocalIP(victimIPs[victimConns-1]); err != nil {
+		victimIPs = make([]string, victimConns)
+		res.Notes = append(res.Notes, fmt.Sprintf("cannot bind %s (%v): victims share 127.0.0.1", victimIPs[victimConns-1], err))
+	}
+	limits := DefaultFloodLimits
+	if floodIP == "" {
+		limits.IPEventRate, limits.IPReqRate = 0, 0
+	}
+
+	type target struct {
+		label string // "on" / "off"
+		url   string
+		desc  string
+	}
+	var targets []target
+	if cfg.Spawn != nil {
+		cfg.logf("flood: starting a relay with limits (%s) and one without", limits)
+		onURL, stopOn, err := cfg.Spawn("flood-limits", limits.Env())
+		if err != nil {
+			return nil, err
+		}
+		defer stopOn()
+		offURL, stopOff, err := cfg.Spawn("flood-nolimits", NoFloodLimits.Env())
+		if err != nil {
+			return nil, err
+		}
+		defer stopOff()
+		targets = []target{{"on", onURL, limits.String()}, {"off", offURL, "no rate limits"}}
+	} else {
+		u := cfg.Relays[0]
+		lim := relayLimits(u)
+		targets = []target{{"as-is", u, "limits as configured on " + u + ": " + lim}}
+		res.Notes = append(res.Notes, "no --spawn: one relay as configured, no limits-off contrast (use --spawn to get both)")
+	}
+	res.Extra["limits"] = limits
+	res.Extra["flood_ip"] = floodIP
+
+	// Seed what the expensive REQ returns (setup, not timed).
+	seeder := NewUser()
+	tag := runTag()
+	pad := strings.Repeat("x", 400)
+	seed := split(signParallel(floodSeed, func(i int) *nostr.Event {
+		return seeder.Sign(1, nostr.Tags{{"t", "flood-seed-" + tag}}, fmt.Sprintf("seed %s %d %s", tag, i, pad))
+	}), 4)
+	cfg.logf("flood: seeding %d kind 1 events (setup)", floodSeed)
+	runWorkers(counts(seed), 0, time.Minute, sqlJob(pool, marshalAll(seed)))
+
+	// Flood events, cycled when used up (a resent one is answered duplicate: or rate-limited:).
+	nFlood := cfg.N
+	if nFlood > 20000 {
+		nFlood = 20000
+	}
+	if nFlood < 1000 {
+		nFlood = 1000
+	}
+	flooders := make([]User, floodConns)
+	for i := range flooders {
+		flooders[i] = NewUser()
+	}
+	// Each relay gets its own set, each flooding connection a cursor that carries over the rounds,
+	// so the limits-off flood sends new events (not duplicates) as long as the set lasts; the
+	// limits-on flood mostly gets rate-limited: and cycles a smaller set.
+	nOn := 2000
+	cfg.logf("flood: pre-signing %d + %d flood events", nOn, nFlood)
+	floodSet := func(n int, what string) [][]*nostr.Event {
+		return split(signParallel(n, func(i int) *nostr.Event {
+			return flooders[i%floodConns].Sign(1, nostr.Tags{{"t", "flood-" + tag}}, fmt.Sprintf("flood %s %s %d", what, tag, i))
+		}), floodConns)
+	}
+	onEvs, offEvs := floodSet(nOn, "on"), floodSet(nFlood, "off")
+	victims := make([]User, victimConns)
+	for i := range victims {
+		victims[i] = NewUser()
+	}
+	expensive := nostr.Filter{Kinds: []int{1}, Limit: floodReqLimit}
+
+	// Interleaved slices (alone, flood, per target, round after round) so the noise of a shared
+	// machine falls on both sides of each ratio alike.
+	rounds := 3
+	slice := cfg.Duration / time.Duration(rounds)
+	if slice < 2*time.Second {
+		slice = 2 * time.Second
+	}
+	// Flood kinds: EVENTs only, expensive REQs only, and both (the headline). Each relay has its
+	// own flood-event set and a cursor per connection that carries over slices and rounds.
+	type mode struct {
+		name         string
+		events, reqs bool
+	}
+	modes := []mode{{"ev-flood", true, false}, {"req-flood", false, true}, {"flood", true, true}}
+	type phase struct {
+		alone  victimStats
+		flood  []victimStats // by mode
+		fl     []floodStats  // by mode
+		evs    [][]*nostr.Event
+		cursor [floodConns]int
+	}
+	phases := map[string]*phase{}
+	for _, t := range targets {
+		ph := &phase{evs: offEvs, flood: make([]victimStats, len(modes)), fl: make([]floodStats, len(modes))}
+		if t.label == "on" {
+			ph.evs = onEvs
+		}
+		phases[t.label] = ph
+	}
+	for r := 0; r < rounds; r++ {
+		for _, t := range targets {
+			ph := phases[t.label]
+			cfg.logf("flood: round %d/%d [limits %s] victim alone, then under each flood (%s slices)", r+1, rounds, t.label, slice)
+			if err := runVictims(&ph.alone, t.url, victims, victimIPs, slice); err != nil {
+				return nil, err
+			}
+			for m, md := range modes {
+				time.Sleep(300 * time.Millisecond)
+				stop := make(chan struct{})
+				var fwg sync.WaitGroup
+				floodStart := time.Now()
+				floodDeadline := floodStart.Add(slice + 500*time.Millisecond)
+				fl := &ph.fl[m]
+				for i := 0; i < floodConns; i++ {
+					fwg.Add(1)
+					go func(i int) {
+						defer fwg.Done()
+						fl.run(t.url, floodIP, ph.evs[i], &ph.cursor[i], md.events, md.reqs, expensive, floodDeadline, stop)
+					}(i)
+				}
+				time.Sleep(500 * time.Millisecond) // the flood is on before the victim starts
+				verr := runVictims(&ph.flood[m], t.url, victims, victimIPs, slice)
+				close(stop)
+				fwg.Wait()
+				fl.secs += time.Since(floodStart).Seconds()
+				if verr != nil {
+					return nil, verr
+				}
+				time.Sleep(700 * time.Millisecond) // let the relay drain before the next slice
+			}
+		}
+	}
+
+	type worst struct {
+		ratio, evP99, reqP99, evP50x, reqP50x float64
+		ev, rq                                float64
+	}
+	summarize := func(alone, fl *victimStats) worst {
+		ea, ra, ef, rf := alone.ev.Summary(), alone.req.Summary(), fl.ev.Summary(), fl.req.Summary()
+		w := worst{ev: ratio(ef.P99ms, ea.P99ms), rq: ratio(rf.P99ms, ra.P99ms), evP99: ef.P99ms, reqP99: rf.P99ms,
+			evP50x: ratio(ef.P50ms, ea.P50ms), reqP50x: ratio(rf.P50ms, ra.P50ms)}
+		w.ratio = max(w.ev, w.rq)
+		return w
+	}
+	both := len(modes) - 1
+	for _, t := range targets {
+		ph := phases[t.label]
+		res.Rows = append(res.Rows, ph.alone.rows(t.label+"/alone")...)
+		for m, md := range modes {
+			res.Rows = append(res.Rows, ph.flood[m].rows(t.label+"/"+md.name)...)
+			frows := ph.fl[m].rows(t.label + "/" + md.name)
+			if md.events {
+				res.Rows = append(res.Rows, frows[0])
+			}
+			if md.reqs {
+				res.Rows = append(res.Rows, frows[1])
+			}
+			w := summarize(&ph.alone, &ph.flood[m])
+			res.Extra[fmt.Sprintf("p99_ratio_event_%s_%s", md.name, t.label)] = w.ev
+			res.Extra[fmt.Sprintf("p99_ratio_req_%s_%s", md.name, t.label)] = w.rq
+			res.Extra[fmt.Sprintf("flooder_rate_limited_%s_%s", md.name, t.label)] = ph.fl[m].evReplies.Map()["rate-limited"] + ph.fl[m].reqReplies.Map()["rate-limited"]
+		}
+		ea, ra := ph.alone.ev.Summary(), ph.alone.req.Summary()
+		line := fmt.Sprintf("limits %s (%s): victim alone p99 EVENT->OK %.2f ms, REQ->EOSE %.2f ms; p99 under flood / alone:", t.label, t.desc, ea.P99ms, ra.P99ms)
+		for m, md := range modes {
+			w := summarize(&ph.alone, &ph.flood[m])
+			line += fmt.Sprintf(" [%s] EVENT->OK %.2f ms = %.1fx, REQ->EOSE %.2f ms = %.1fx (p50 %.1fx, %.1fx);", md.name, w.evP99, w.ev, w.reqP99, w.rq, w.evP50x, w.reqP50x)
+		}
+		res.Notes = append(res.Notes, strings.TrimSuffix(line, ";"))
+	}
+	head := targets[0].label
+	hw := summarize(&phases[head].alone, &phases[head].flood[both])
+	res.Ratio = hw.ratio
+	res.RatioWhat = fmt.Sprintf("victim p99 under flood (EVENTs + expensive REQs) / alone, limits %s (the larger of EVENT->OK and REQ->EOSE)", head)
+	fl := &phases[head].fl[both]
+	res.Notes = append(res.Notes, fmt.Sprintf("bound (this run, limits %s): victim p99 under flood <= %.1fx alone (EVENT->OK p99 %.2f ms, REQ->EOSE p99 %.2f ms under flood); the flooder got %d rate-limited: OKs and %d rate-limited: CLOSEDs",
+		head, hw.ratio, hw.evP99, hw.reqP99, fl.evReplies.Map()["rate-limited"], fl.reqReplies.Map()["rate-limited"]))
+	if off, ok := phases["off"]; ok {
+		ow := summarize(&off.alone, &off.flood[both])
+		res.Notes = append(res.Notes, fmt.Sprintf("contrast, limits off: victim p99 under the same flood <= %.1fx alone (EVENT->OK p99 %.2f ms, REQ->EOSE p99 %.2f ms)",
+			ow.ratio, ow.evP99, ow.reqP99))
+	}
+	vfrom := "127.0.0.1"
+	if victimIPs[0] != "" {
+		vfrom = fmt.Sprintf("%s..%s (one IP each)", victimIPs[0], victimIPs[victimConns-1])
+	}
+	res.Notes = append(res.Notes, fmt.Sprintf("victim: %d connections from %s, each one kind 1 EVENT->OK and one REQ {authors:[self],kinds:[1],limit:5}->EOSE per %s (missed ticks are skipped, not caught up)",
+		victimConns, vfrom, victimTick))
+	from := floodIP
+	if from == "" {
+		from = "127.0.0.1"
+	}
+	res.Notes = append(res.Notes, fmt.Sprintf("flooder: %d connections from %s, each %d EVENTs in flight (pre-signed kind 1, cycled when used up) and %d concurrent REQ {kinds:[1],limit:%d} (%d seeded events of ~450 B) as fast as replies come; %d rounds of (alone, EVENT flood, REQ flood, both) per relay, interleaved, %s each; the flood starts 0.5 s before the victim",
+		floodConns, from, floodWindow, floodReqers, floodReqLimit, floodSeed, rounds, slice))
+	res.Notes = append(res.Notes, "bench client, relays and PostgreSQL share this machine: under flood the victim also competes for CPU with the flooding client itself")
+	return res, nil
+}
+
+// checkLocalIP tells whether this host can bind ip (Linux routes 127/8 to lo).
+func checkLocalIP(ip string) error {
+	l, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.ParseIP(ip)})
+	if err != nil {
+		return err
+	}
+	return l.Close()
+}
+
+// relayLimits reads the rate limits advertised in a relay's NIP-11 limitation object.
+func relayLimits(wsURL string) string {
+	req, _ := http.NewRequest("GET", strings.TrimRight(HTTPOf(wsURL), "/")+"/", nil)
+	req.Header.Set("Accept", "application/nostr+json")
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Do(req)
+	if err != nil {
+		return "unknown (" + err.Error() + ")"
+	}
+	defer resp.Body.Close()
+	var doc struct {
+		Limitation map[string]any `json:"limitation"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
+		return "unknown"
+	}
+	var parts []string
+	for _, k := range []string{"event_rate_per_second", "event_burst", "req_rate_per_second", "req_burst", "ip_event_rate_per_second", "ip_req_rate_per_second"} {
+		if v, ok := doc.Limitation[k]; ok {
+			parts = append(parts, fmt.Sprintf("%s=%v", k, v))
+		}
+	}
+	if len(parts) == 0 {
+		return "none advertised"
+	}
+	return strings.Join(parts, " ")
+}
+
+type victimStats struct {
+	ev, req         Latencies
+	evErrs, reqErrs Errors
+	secs            float64
+}
+
+func (v *victimStats) rows(label string) []Row {
+	ev, rq := v.ev.Summary(), v.req.Summary()
+	return []Row{
+		{Name: label + ": victim EVENT->OK", Conns: victimConns, Count: ev.N, Seconds: v.secs, Rate: float64(ev.N) / v.secs, Latency: ev, Errors: v.evErrs.Map()},
+		{Name: label + ": victim REQ->EOSE", Conns: victimConns, Count: rq.N, Seconds: v.secs, Rate: float64(rq.N) / v.secs, Latency: rq, Errors: v.reqErrs.Map()},
+	}
+}
+
+// runVictims runs the victim connections against url for dur, connection i from ips[i] ("" = any),
+// adding to v.
+func runVictims(v *victimStats, url string, users []User, ips []string, dur time.Duration) error {
+	cs := make([]*Client, len(users))
+	defer closeAll(cs)
+	for i := range cs {
+		c, err := DialFrom(url, ips[i], Handlers{}, 10*time.Second)
+		if err != nil {
+			return fmt.Errorf("victim connect %s from %q: %w", url, ips[i], err)
+		}
+		cs[i] = c
+	}
+	start := time.Now()
+	deadline := start.Add(dur)
+	maxIters := int(dur/victimTick) + 1
+	var wg sync.WaitGroup
+	for i := range cs {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			c, u := cs[i], users[i]
+			f := nostr.Filter{Authors: []string{u.PK}, Kinds: []int{1}, Limit: 5}
+			// Stagger the connections over one tick.
+			next := start.Add(time.Duration(i) * victimTick / time.Duration(len(cs)))
+			time.Sleep(time.Until(next))
+			for k := 0; k < maxIters && time.Now().Before(deadline); k++ {
+				ev := u.Sign(1, nostr.Tags{{"t", "victim"}}, "")
+				t0 := time.Now()
+				o, err := c.Publish(ev, replyTimeout)
+				switch {
+				case err != nil:
+					v.ev.Add(time.Since(t0))
+					v.evErrs.Add(errClass(err))
+					if errors.Is(err, ErrClosed) {
+						return
+					}
+				default:
+					v.ev.Add(o.At.Sub(t0))
+					if !o.OK {
+						v.evErrs.Add(o.Msg)
+					}
+				}
+				sub := "v" + strconv.Itoa(k)
+				t1 := time.Now()
+				err = c.Req(sub, replyTimeout, f)
+				v.req.Add(time.Since(t1))
+				if err != nil {
+					v.reqErrs.Add(errClass(err))
+					if errors.Is(err, ErrClosed) {
+						return
+					}
+				}
+				_ = c.CloseSub(sub)
+				next = next.Add(victimTick)
+				if d := time.Until(next); d > 0 {
+					time.Sleep(d)
+				} else {
+					next = time.Now() // behind: skip the missed ticks instead of bursting
+				}
+			}
+		}(i)
+	}
+	wg.Wait()
+	v.secs += time.Since(start).Seconds()
+	return nil
+}
+
+// errClass turns a Req/Publish error into an Errors key: a CLOSED reason's prefix
+// ("rate-limited: ..."), "timeout" or "closed".
+func errClass(err error) string {
+	switch {
+	case errors.Is(err, ErrTimeout):
+		return "timeout"
+	case errors.Is(err, ErrClosed):
+		return "closed"
+	}
+	s := err.Error()
+	if strings.HasPrefix(s, "CLOSED ") {
+		if i := strings.Index(s, ": "); i > 0 {
+			return s[i+2:]
+		}
+	}
+	return "error: " + s
+}
+
+// floodStats is what the flooding connections did, summed.
+type floodStats struct {
+	evSent, reqSent   atomic.Int64
+	evReplies         Errors // "ok" or the OK prefix
+	reqReplies        Errors // "eose" or the CLOSED prefix, "timeout", "closed"
+	rxEvents, rxBytes atomic.Int64
+	redials           atomic.Int64
+	secs              float64 // summed over the flood slices (set by Flood)
+}
+
+func (f *floodStats) rows(label string) []Row {
+	secs := f.secs
+	if secs <= 0 {
+		secs = 1
+	}
+	ev, rq := f.evReplies.Map(), f.reqReplies.Map()
+	evN, rqN := int(f.evSent.Load()), int(f.reqSent.Load())
+	return []Row{
+		{Name: label + ": flooder EVENT", Conns: floodConns, Count: evN, Seconds: secs, Rate: float64(evN) / secs, Errors: ev,
+			Note: fmt.Sprintf("EVENTs sent; replies by class (ok = accepted); %.1f accepted/s; %d redials", float64(ev["ok"])/secs, f.redials.Load())},
+		{Name: label + ": flooder REQ", Conns: floodConns, Count: rqN, Seconds: secs, Rate: float64(rqN) / secs, Errors: rq,
+			Note: fmt.Sprintf("expensive REQs sent; eose = answered in full; %d events / %.1f MB received", f.rxEvents.Load(), float64(f.rxBytes.Load())/1e6)},
+	}
+}
+
+// run is one flooding connection until deadline or stop: EVENTs with floodWindow in flight, and
+// floodReqers loops of expensive REQ (then CLOSE). It redials (at most 20 times) if the relay
+// drops it.
+func (f *floodStats) run(url, localIP string, evs []*nostr.Event, cursor *int, doEvents, doReqs bool, expensive nostr.Filter, deadline time.Time, stop <-chan struct{}) {
+	idx := *cursor
+	defer func() { *cursor = idx }()
+	sent := 0
+	for dial := 0; dial <= 20; dial++ {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		if time.Now().After(deadline) || sent >= floodMaxMsgs {
+			return
+		}
+		if dial > 0 {
+			f.redials.Add(1)
+			time.Sleep(50 * time.Millisecond)
+		}
+		sem := make(chan struct{}, floodWindow)
+		c, err := DialFrom(url, localIP, Handlers{
+			OnOK: func(o OK) {
+				select {
+				case <-sem:
+				default:
+				}
+				switch {
+				case o.OK && strings.HasPrefix(o.Msg, "duplicate:"):
+					f.evReplies.Add("duplicate")
+				case o.OK:
+					f.evReplies.Add("ok")
+				default:
+					f.evReplies.Add(o.Msg)
+				}
+			},
+			OnRawEvent: func(_ string, raw []byte, _ time.Time) {
+				f.rxEvents.Add(1)
+				f.rxBytes.Add(int64(len(raw)))
+			},
+		}, 10*time.Second)
+		if err != nil {
+			continue
+		}
+		var wg sync.WaitGroup
+		for r := 0; r < floodReqers && doReqs; r++ {
+			wg.Add(1)
+			go func(r int) {
+				defer wg.Done()
+				for k := 0; k < floodMaxMsgs; k++ {
+					select {
+					case <-stop:
+						return
+					case <-c.Done():
+						return
+					default:
+					}
+					if time.Now().After(deadline) {
+						return
+					}
+					sub := fmt.Sprintf("f%d-%d", r, k)
+					f.reqSent.Add(1)
+					err := c.Req(sub, replyTimeout, expensive)
+					if err == nil {
+						f.reqReplies.Add("eose")
+					} else {
+						f.reqReplies.Add(errClass(err))
+						if errors.Is(err, ErrClosed) {
+							return
+						}
+					}
+					_ = c.CloseSub(sub)
+				}
+			}(r)
+		}
+		timer := time.NewTimer(time.Until(deadline))
+		if !doEvents {
+			select {
+			case <-stop:
+			case <-timer.C:
+			case <-c.Done():
+			}
+		}
+	send:
+		for doEvents && sent < floodMaxMsgs {
+			select {
+			case sem <- struct{}{}:
+			case <-stop:
+				break send
+			case <-timer.C:
+				break send
+			case <-c.Done():
+				break send
+			}
+			if err := c.Send(evs[idx%len(evs)]); err != nil {
+				break
+			}
+			idx++
+			sent++
+			f.evSent.Add(1)
+		}
+		timer.Stop()
+		if doEvents && sent >= floodMaxMsgs {
+			// The count bound came first: keep the REQ loops going until the deadline or stop.
+			select {
+			case <-stop:
+			case <-time.After(time.Until(deadline)):
+			case <-c.Done():
+			}
+		}
+		dropped := false
+		select {
+		case <-c.Done():
+			dropped = time.Now().Before(deadline)
+		default:
+		}
+		c.Close()
+		wg.Wait()
+		if !dropped {
+			return
+		}
+	}
+}
