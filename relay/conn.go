@@ -46,6 +46,8 @@ type conn struct {
 	ip          string
 	eventBucket *tokenBucket // read loop only
 	reqBucket   *tokenBucket
+	// limitedStreak counts refusals in a row (read loop only).
+	limitedStreak int
 
 	killOnce    sync.Once
 	closeReason atomic.Value // string: why the connection ended (first reason wins)

@@ -43,6 +43,7 @@ const (
 	maxSubIDLength   = 64   // NIP-01
 	maxFilterValues  = 1000 // per ids/authors/kinds/#x list of one filter: a "huge filter" beyond this is refused
 	maxAuthPubkeys   = 16   // pubkeys authenticated on one connection
+	maxLimitedStreak = 1000 // rate-limited refusals in a row before the connection is closed
 	authWindow       = 10 * time.Minute
 	acceptTimeout    = 15 * time.Second
 	writeWait        = 10 * time.Second // one frame must leave within this, or the peer is dead/stuck

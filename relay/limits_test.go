@@ -2,10 +2,12 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/gorilla/websocket"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nbd-wtf/go-nostr"
 
@@ -119,5 +121,43 @@ func TestQueryConnStatementTimeout(t *testing.T) {
 	_, err = pc.Exec(ctx, `SELECT pg_sleep(5)`)
 	if !isTimeout(err) {
 		t.Fatalf("pg_sleep(5): %v", err)
+	}
+}
+
+// A client that keeps sending while every message is refused is told and disconnected; one that
+// stays within its budget is not.
+func TestIgnoringRateLimitsDisconnects(t *testing.T) {
+	tr := startRelay(t, func(c *Config) { c.EventRate, c.EventBurst = 0.001, 1 })
+	c := tr.dial(t)
+	sk, _ := testenv.NewKey()
+	c.mustPublish(signed(sk, 1, "within budget", nostr.Now()))
+	ev := signed(sk, 1, "over budget", nostr.Now())
+	refused := 0
+	for i := 0; i < maxLimitedStreak; i++ {
+		c.sendJSON("EVENT", ev)
+	}
+	var notice string
+	for {
+		m, err := c.tryRead(10 * time.Second)
+		if err != nil {
+			var ce *websocket.CloseError
+			if !errors.As(err, &ce) || ce.Code != websocket.ClosePolicyViolation {
+				t.Fatalf("connection ended with %v, want close 1008", err)
+			}
+			break
+		}
+		switch c.verb(m) {
+		case "OK":
+			if r := parseOK(t, m); r.ok || !strings.HasPrefix(r.msg, "rate-limited:") {
+				t.Fatalf("over budget: %+v", r)
+			}
+			refused++
+		case "NOTICE":
+			notice = str(m[1])
+		}
+	}
+	// Closing drops replies still queued, so fewer OKs than refusals may arrive.
+	if refused == 0 || refused > maxLimitedStreak || !strings.HasPrefix(notice, "rate-limited:") {
+		t.Fatalf("refused %d (at most %d), notice %q", refused, maxLimitedStreak, notice)
 	}
 }

@@ -2,9 +2,12 @@ package relay
 
 import (
 	"net"
+
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/gorilla/websocket"
 
 	"github.com/buzzpg/buzzpg/internal/metrics"
 )
@@ -97,8 +100,10 @@ func (c *conn) allowEvent() bool {
 	now := timeNow()
 	if !c.eventBucket.allow(now) || !c.s.ipEvents.allow(c.ip, now) {
 		metrics.RateLimited.WithLabelValues("EVENT").Inc()
+		c.limited()
 		return false
 	}
+	c.limitedStreak = 0
 	return true
 }
 
@@ -106,7 +111,21 @@ func (c *conn) allowReq(verb string) bool {
 	now := timeNow()
 	if !c.reqBucket.allow(now) || !c.s.ipReqs.allow(c.ip, now) {
 		metrics.RateLimited.WithLabelValues(verb).Inc()
+		c.limited()
 		return false
 	}
+	c.limitedStreak = 0
 	return true
+}
+
+// limited counts consecutive refusals. A client that keeps sending while every message is
+// refused is not backing off: each refusal is cheap but not free, so after maxLimitedStreak in a
+// row it is told and disconnected (read loop only, like the buckets).
+func (c *conn) limited() {
+	c.limitedStreak++
+	if c.limitedStreak == maxLimitedStreak {
+		c.log.Warn("closing a client that ignores rate limits", "refused_in_a_row", c.limitedStreak)
+		c.closeGracefully(websocket.ClosePolicyViolation, "rate limit ignored",
+			"rate-limited: too many messages over the limit, closing")
+	}
 }
