@@ -16,7 +16,7 @@ DB_URL = $(if $(DATABASE_URL),$(DATABASE_URL),$(PRIVATE_URL))
 TEST_TIMEOUT ?= 14m
 FUZZTIME ?= 5s
 
-.PHONY: all build run test test-short fuzz bench chaos psql db-start db-stop clean deps vet
+.PHONY: all build run test test-short fuzz bench bench-go chaos psql db-start db-stop clean deps vet
 
 all: build
 
@@ -83,3 +83,14 @@ chaos: $(TEST_BIN)
 	BUZZ_BIN=$(CURDIR)/$(TEST_BIN) BUZZ_BUILD_TAGS='$(TEST_TAGS)' BUZZ_CHAOS_DURATION=$(CHAOS_DURATION) \
 	  $(if $(CHAOS_SEED),BUZZ_CHAOS_SEED=$(CHAOS_SEED)) $(if $(CHAOS_KEEP),BUZZ_CHAOS_KEEP=1) \
 	  $(GO) test -tags '$(TEST_TAGS)' -count=1 -v -run '^TestChaosSoak$$' -timeout $(CHAOS_TIMEOUT) ./tests/chaos/
+
+# Every `go test -bench` figure with the sizes the issues ask for (about 6 minutes on a quiet
+# 2-core machine). Each benchmark measures its own baseline in the same run and prints the ratio.
+BENCH_GO_ENV = BUZZ_BIN=$(CURDIR)/$(TEST_BIN) BUZZ_BUILD_TAGS='$(TEST_TAGS)'
+bench-go: db-start $(TEST_BIN)
+	$(BENCH_GO_ENV) $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench 'AcceptEvent' -benchtime 5000x ./internal/store/
+	$(BENCH_GO_ENV) $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench 'ReqLatency' ./relay/
+	$(BENCH_GO_ENV) BUZZ_BENCH_DURATION=30s BUZZ_BENCH_RATES=1000,2000,3000 \
+	  $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench 'FanoutCrossProcess' -benchtime 1x -timeout 30m ./tests/
+	$(BENCH_GO_ENV) $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench 'Snapshot' -benchtime 1x -timeout 30m ./listener/ ./tests/
+	$(BENCH_GO_ENV) $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench 'ReminderLateness' -benchtime 1x -timeout 30m ./listener/
