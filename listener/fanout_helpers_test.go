@@ -160,9 +160,11 @@ type fanHarness struct {
 	pool *pgxpool.Pool
 }
 
-func newFanHarness(t testing.TB) *fanHarness {
-	u := testenv.FreshDB(t)
-	return &fanHarness{t: t, url: u, pool: testenv.Pool(t, u)}
+func newFanHarness(t testing.TB) *fanHarness { return newFanHarnessAt(t, testenv.FreshDB(t)) }
+
+// newFanHarnessAt works on the migrated database at url (e.g. on a private cluster).
+func newFanHarnessAt(t testing.TB, url string) *fanHarness {
+	return &fanHarness{t: t, url: url, pool: testenv.Pool(t, url)}
 }
 
 // start runs a Fanout and waits until its stream is attached. Cleanup closes it (dropping the
@@ -189,19 +191,8 @@ func (h *fanHarness) start(cfg FanoutConfig, sink evt.Sink, prep func(*Fanout)) 
 		defer ccancel()
 		_ = f.Close(cctx)
 	})
-	fanWaitCond(h.t, 30*time.Second, "fan-out attached", f.Ready)
+	testenv.WaitUntil(h.t, 30*time.Second, "fan-out attached", f.Ready)
 	return f, cancel
-}
-
-func fanWaitCond(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for: %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 var (

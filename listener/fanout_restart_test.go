@@ -2,9 +2,6 @@ package listener
 
 import (
 	"context"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -12,17 +9,11 @@ import (
 )
 
 // A real immediate (crash) restart of PostgreSQL: the stream reconnects by itself, and every event
-// is delivered exactly once although PG 15 may resend what we had acknowledged. It restarts the
-// shared private cluster, which disturbs other test packages running at the same time, so it runs
-// only when asked: BUZZ_TEST_PG_RESTART=1.
+// is delivered exactly once although PG 15 may resend what we had acknowledged. It runs on a private
+// cluster of its own, so restarting it disturbs no other test package, and it never has to skip.
 func TestFanoutSurvivesPostgresCrashRestart(t *testing.T) {
-	if os.Getenv("BUZZ_TEST_PG_RESTART") != "1" {
-		t.Skip("set BUZZ_TEST_PG_RESTART=1 to restart the private PostgreSQL cluster (disturbs concurrently running packages)")
-	}
-	if !testenv.OwnsServer() {
-		t.Skip("DATABASE_URL points at a server this test does not own; not restarting it")
-	}
-	h := newFanHarness(t)
+	cl := testenv.PrivateCluster(t, "listener-crash-restart")
+	h := newFanHarnessAt(t, cl.MigratedURL(t))
 	ctx := context.Background()
 	sink := newFanRecSink()
 	// Acknowledge often so the server has a confirmed position it may have to rewind after the crash.
@@ -36,11 +27,10 @@ func TestFanoutSurvivesPostgresCrashRestart(t *testing.T) {
 	sink.waitAll(t, keys, 20*time.Second)
 	sessions := f.sessions.Load()
 
-	out, err := exec.Command(filepath.Join(testenv.RepoRoot(), "scripts", "pg.sh"), "restart").CombinedOutput()
-	if err != nil {
-		t.Fatalf("pg.sh restart: %v: %s", err, out)
+	if err := cl.Restart(); err != nil {
+		t.Fatal(err)
 	}
-	fanWaitCond(t, 60*time.Second, "reattached after restart", func() bool { return f.sessions.Load() > sessions && f.Ready() })
+	testenv.WaitUntil(t, 60*time.Second, "reattached after restart", func() bool { return f.sessions.Load() > sessions && f.Ready() })
 	for i := 0; i < 50; i++ {
 		ev := fanSigned(1, "after crash", nil)
 		for {

@@ -165,7 +165,7 @@ func TestFanoutWalsenderKilledWhileFlowing(t *testing.T) {
 	for kills := 0; kills < 4; {
 		// Barrier: the stream is attached and has delivered something since the last kill.
 		before := f.Delivered()
-		fanWaitCond(t, 20*time.Second, "delivery progress", func() bool { return f.Ready() && f.Delivered() > before+100 })
+		testenv.WaitUntil(t, 20*time.Second, "delivery progress", func() bool { return f.Ready() && f.Delivered() > before+100 })
 		pid := h.walsenderPID(ctx, inst)
 		if pid == 0 {
 			continue
@@ -239,7 +239,7 @@ func TestFanoutResendDedupedByLSN(t *testing.T) {
 		if _, err := h.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
 			t.Fatal(err)
 		}
-		fanWaitCond(t, 20*time.Second, "reattached", func() bool { return f.sessions.Load() > sessions && f.Ready() })
+		testenv.WaitUntil(t, 20*time.Second, "reattached", func() bool { return f.sessions.Load() > sessions && f.Ready() })
 		after := fanSigned(1, "after", nil)
 		h.accept(ctx, after)
 		keys = append(keys, after.ID)
@@ -263,7 +263,7 @@ func TestFanoutReapsStaleSlots(t *testing.T) {
 	// "Crash" A: stop its Run without Close, so slot and row stay behind and heartbeats stop.
 	a, stopA := h.start(FanoutConfig{InstanceID: fanInstance("dead"), Heartbeat: time.Hour, StaleAfter: time.Hour}, newFanRecSink(), nil)
 	stopA()
-	fanWaitCond(t, 10*time.Second, "A detached", func() bool { return !a.Ready() })
+	testenv.WaitUntil(t, 10*time.Second, "A detached", func() bool { return !a.Ready() })
 
 	// C is alive but we make its heartbeat look old: its slot is active, so it must survive.
 	c, _ := h.start(FanoutConfig{InstanceID: fanInstance("live"), Heartbeat: time.Hour, StaleAfter: time.Hour}, newFanRecSink(), nil)
@@ -280,11 +280,11 @@ func TestFanoutReapsStaleSlots(t *testing.T) {
 
 	t0 := time.Now()
 	b, _ := h.start(FanoutConfig{InstanceID: fanInstance("reaper"), Heartbeat: 100 * time.Millisecond, StaleAfter: 2 * time.Second}, newFanRecSink(), nil)
-	fanWaitCond(t, 15*time.Second, "dead slot dropped", func() bool { return !h.slotExists(ctx, a.Slot()) })
+	testenv.WaitUntil(t, 15*time.Second, "dead slot dropped", func() bool { return !h.slotExists(ctx, a.Slot()) })
 	if el := time.Since(t0); el > 2*time.Second+2*time.Second {
 		t.Errorf("dead slot dropped after %s; bound is StaleAfter + a heartbeat", el)
 	}
-	fanWaitCond(t, 5*time.Second, "dead instance row removed", func() bool {
+	testenv.WaitUntil(t, 5*time.Second, "dead instance row removed", func() bool {
 		var n int
 		_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM buzz.instances WHERE slot_name = $1`, a.Slot()).Scan(&n)
 		return n == 0
@@ -358,7 +358,7 @@ func TestFanoutSlotCreationBlockedLogsPID(t *testing.T) {
 		defer cc()
 		_ = f.Close(c)
 	})
-	fanWaitCond(t, 20*time.Second, "blocker logged", func() bool {
+	testenv.WaitUntil(t, 20*time.Second, "blocker logged", func() bool {
 		s := logs.String()
 		return strings.Contains(s, "blocked by an open transaction") && strings.Contains(s, "pid="+strconv.Itoa(pid))
 	})
@@ -366,7 +366,7 @@ func TestFanoutSlotCreationBlockedLogsPID(t *testing.T) {
 		t.Fatal("attached although slot creation was blocked")
 	}
 	_ = tx.Rollback(ctx)
-	fanWaitCond(t, 20*time.Second, "attached after blocker ended", f.Ready)
+	testenv.WaitUntil(t, 20*time.Second, "attached after blocker ended", f.Ready)
 	select {
 	case err := <-errc:
 		t.Fatalf("Run returned: %v", err)

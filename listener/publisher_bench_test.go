@@ -93,7 +93,7 @@ func BenchmarkSnapshotRecovery(b *testing.B) {
 				b.ResetTimer()
 				t0 = time.Now()
 				e.start(p)
-				pubWaitCond(b, 5*time.Minute, "all published", func() bool { return p.Stats().Published >= n })
+				testenv.WaitUntil(b, 5*time.Minute, "all published", func() bool { return p.Stats().Published >= n })
 				took := time.Since(t0)
 				b.StopTimer()
 				var left int
@@ -172,7 +172,7 @@ func benchConvergence(b *testing.B, poll bool) {
 		mu.Unlock()
 	}
 	e.start(p)
-	pubWaitCond(b, 2*time.Minute, "initial backlog published", func() bool { return p.Stats().Published >= nViewers })
+	testenv.WaitUntil(b, 2*time.Minute, "initial backlog published", func() bool { return p.Stats().Published >= nViewers })
 
 	sink := &convergeSink{fn: func(viewer string, hidden bool, at time.Time) {
 		mu.Lock()
@@ -191,7 +191,7 @@ func benchConvergence(b *testing.B, poll bool) {
 		defer cc()
 		_ = fan.Close(cctx)
 	})
-	pubWaitCond(b, 30*time.Second, "fan-out attached", fan.Ready)
+	testenv.WaitUntil(b, 30*time.Second, "fan-out attached", fan.Ready)
 
 	// Driver: paced at `rate` changes/s in total, open loop (up to 64 in flight on 16 connections);
 	// viewers in turn (each changes every nViewers/rate seconds): unhide, and hide again next round.
@@ -230,7 +230,7 @@ func benchConvergence(b *testing.B, poll bool) {
 	}
 	wg.Wait()
 	offered := float64(changes) / time.Since(t0).Seconds()
-	pubWaitCond(b, time.Minute, "all deliveries", func() bool {
+	testenv.WaitUntil(b, time.Minute, "all deliveries", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, c := range all {

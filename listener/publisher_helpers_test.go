@@ -184,7 +184,7 @@ func (e *pubEnv) assertConverged(viewer string) {
 // has published = target, then checks the content.
 func (e *pubEnv) waitConverged(viewers []string, timeout time.Duration) {
 	e.t.Helper()
-	pubWaitCond(e.t, timeout, "snapshots converged", func() bool {
+	testenv.WaitUntil(e.t, timeout, "snapshots converged", func() bool {
 		var n int
 		_ = e.pool.QueryRow(context.Background(), `SELECT count(*) FROM buzz.visibility_state
 			WHERE viewer = ANY($1) AND published_generation < target_generation`, viewers).Scan(&n)
@@ -264,7 +264,7 @@ func (e *pubEnv) start(p *Publisher) (stop func()) {
 		})
 	}
 	e.t.Cleanup(stop)
-	pubWaitCond(e.t, 10*time.Second, "publisher listening", p.Listening)
+	testenv.WaitUntil(e.t, 10*time.Second, "publisher listening", p.Listening)
 	return stop
 }
 
@@ -317,18 +317,6 @@ func (g *gate) wait(t testing.TB) {
 func (g *gate) open() { close(g.release) }
 
 func short(s string) string { return fmt.Sprintf("%.8s", s) }
-
-// pubWaitCond polls cond; the deadline only turns a hang into a failure.
-func pubWaitCond(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for: %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 // pubLogBuf captures the publisher's log for assertions; pubLogger also sends records at Info
 // and above to t.Log (Debug records, one per publication, only to the buffer).

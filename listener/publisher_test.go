@@ -54,7 +54,7 @@ func TestSnapshotRecoversAfterFailedPublication(t *testing.T) {
 	if g := e.gens(viewer); g.target != before.target+1 {
 		t.Fatalf("resurfacing did not bump the generation: %+v -> %+v", before, g)
 	}
-	pubWaitCond(t, 10*time.Second, "publication failing twice", func() bool {
+	testenv.WaitUntil(t, 10*time.Second, "publication failing twice", func() bool {
 		var attempts int
 		_ = e.pool.QueryRow(ctx, `SELECT coalesce(max(attempts), 0) FROM buzz.visibility_outbox WHERE viewer = $1`, viewer).Scan(&attempts)
 		return attempts >= 2

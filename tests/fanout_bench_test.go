@@ -98,21 +98,21 @@ func runFanoutLoad(b *testing.B, a, bb *testenv.Relay, rate int, dur time.Durati
 			got[kind]++
 		}
 	}
-	subA, subB := fanDial(b, a.URL), fanDial(b, bb.URL)
-	subA.onEvent = func(_ string, ev *nostr.Event, at time.Time) { record("same", ev.ID, at) }
-	subB.onEvent = func(_ string, ev *nostr.Event, at time.Time) { record("cross", ev.ID, at) }
-	subA.subscribe(nostr.Filter{Authors: []string{author.pk}})
-	subB.subscribe(nostr.Filter{Authors: []string{author.pk}})
-
-	pubs := make([]*fanClient, writers)
-	for i := range pubs {
-		pubs[i] = fanDial(b, a.URL)
-		pubs[i].onOK = func(id string, ok bool, msg string, at time.Time) {
-			if !ok {
-				b.Errorf("publish refused: %s", msg)
-			}
-			record("ok", id, at)
+	subscribe := func(r *testenv.Relay, kind string) {
+		onEvent := testenv.OnEvent(func(_ string, ev *nostr.Event, at time.Time) { record(kind, ev.ID, at) })
+		testenv.Dial(b, r.URL, onEvent).Subscribe(nostr.Filter{Authors: []string{author.pk}})
+	}
+	subscribe(a, "same")
+	subscribe(bb, "cross")
+	onOK := testenv.OnOK(func(id string, ok bool, msg string, at time.Time) {
+		if !ok {
+			b.Errorf("publish refused: %s", msg)
 		}
+		record("ok", id, at)
+	})
+	pubs := make([]*testenv.Client, writers)
+	for i := range pubs {
+		pubs[i] = testenv.Dial(b, a.URL, onOK)
 	}
 	b.ResetTimer()
 	interval := time.Second / time.Duration(rate)
@@ -122,7 +122,7 @@ func runFanoutLoad(b *testing.B, a, bb *testenv.Relay, rate int, dur time.Durati
 		mu.Lock()
 		sent[i] = time.Now()
 		mu.Unlock()
-		pubs[i%writers].sendEvent(ev)
+		pubs[i%writers].SendEvent(ev)
 	}
 	sentRate := float64(n) / time.Since(start).Seconds()
 	deadline := time.Now().Add(30 * time.Second)

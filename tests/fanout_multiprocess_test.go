@@ -25,9 +25,9 @@ func startFanoutRelays(t *testing.T, dbURL string, n int, env map[string]string)
 }
 
 // fanAssertOnce fails unless each id arrived exactly once on s.
-func fanAssertOnce(t *testing.T, c *fanClient, s *fanSub, where string, ids ...string) {
+func fanAssertOnce(t *testing.T, s *testenv.Sub, where string, ids ...string) {
 	t.Helper()
-	got := c.counts(s)
+	got := s.Counts()
 	for _, id := range ids {
 		if got[id] != 1 {
 			t.Errorf("%s: event %s arrived %d times, want 1", where, id[:8], got[id])
@@ -41,22 +41,19 @@ func TestFanoutPublishOnEachReceiveOnAll(t *testing.T) {
 	dbURL := testenv.DB(t)
 	rs := startFanoutRelays(t, dbURL, 3, nil)
 	author := newFanUser()
-	var subs []*fanSub
-	var clients []*fanClient
+	var subs []*testenv.Sub
 	for _, r := range rs {
-		c := fanDial(t, r.URL)
-		clients = append(clients, c)
-		subs = append(subs, c.subscribe(nostr.Filter{Authors: []string{author.pk}, Kinds: []int{1, 20001}}))
+		subs = append(subs, testenv.Dial(t, r.URL).Subscribe(nostr.Filter{Authors: []string{author.pk}, Kinds: []int{1, 20001}}))
 	}
 
 	var ids []string
 	for i, r := range rs {
-		pub := fanDial(t, r.URL)
+		pub := testenv.Dial(t, r.URL)
 		ev := author.event(1, "from process "+r.InstanceID)
-		pub.mustPublish(ev)
+		pub.MustPublish(ev)
 		ids = append(ids, ev.ID)
 		eph := author.event(20001, "typing on "+r.InstanceID)
-		pub.mustPublish(eph)
+		pub.MustPublish(eph)
 		ids = append(ids, eph.ID)
 		_ = i
 	}
@@ -65,16 +62,16 @@ func TestFanoutPublishOnEachReceiveOnAll(t *testing.T) {
 	fanPsqlAccept(t, dbURL, op)
 	ids = append(ids, op.ID)
 
-	for i, c := range clients {
-		c.waitEvents(subs[i], 20*time.Second, ids...)
+	for _, s := range subs {
+		s.WaitEvents(20*time.Second, ids...)
 	}
 	// Barrier: a last event published after everything; once it is in, any duplicate of the
 	// earlier ones would have arrived (each process delivers in commit order).
 	last := author.event(1, "barrier")
-	fanDial(t, rs[0].URL).mustPublish(last)
-	for i, c := range clients {
-		c.waitEvents(subs[i], 20*time.Second, last.ID)
-		fanAssertOnce(t, c, subs[i], "subscriber on "+rs[i].InstanceID, append(ids, last.ID)...)
+	testenv.Dial(t, rs[0].URL).MustPublish(last)
+	for i, s := range subs {
+		s.WaitEvents(20*time.Second, last.ID)
+		fanAssertOnce(t, s, "subscriber on "+rs[i].InstanceID, append(ids, last.ID)...)
 	}
 }
 
@@ -87,15 +84,15 @@ func TestFanoutPrivateEventsRespectGates(t *testing.T) {
 
 	// Bob on process 1, authenticated; Eve on process 2, authenticated as herself; an anonymous
 	// subscriber on process 2. All ask for everything Alice publishes of these kinds.
-	bobC := fanDial(t, rs[1].URL)
-	bobC.auth(bob)
-	eveC := fanDial(t, rs[2].URL)
-	eveC.auth(eve)
-	anonC := fanDial(t, rs[2].URL)
+	bobC := testenv.Dial(t, rs[1].URL)
+	bobC.Auth(bob.sk)
+	eveC := testenv.Dial(t, rs[2].URL)
+	eveC.Auth(eve.sk)
+	anonC := testenv.Dial(t, rs[2].URL)
 
-	aliceC := fanDial(t, rs[0].URL)
-	aliceC.auth(alice)
-	msg := aliceC.mustPublish(alice.event(41010, "", nostr.Tag{"p", bob.pk}))
+	aliceC := testenv.Dial(t, rs[0].URL)
+	aliceC.Auth(alice.sk)
+	msg := aliceC.MustPublish(alice.event(41010, "", nostr.Tag{"p", bob.pk}))
 	var resp struct {
 		ChannelID string `json:"channel_id"`
 	}
@@ -104,29 +101,28 @@ func TestFanoutPrivateEventsRespectGates(t *testing.T) {
 	}
 
 	filter := nostr.Filter{Authors: []string{alice.pk}, Kinds: []int{1, 9, 1059}}
-	bobS := bobC.subscribe(filter)
-	eveS := eveC.subscribe(filter)
-	anonS := anonC.subscribe(nostr.Filter{Authors: []string{alice.pk}, Kinds: []int{1}})
+	bobS := bobC.Subscribe(filter)
+	eveS := eveC.Subscribe(filter)
+	anonS := anonC.Subscribe(nostr.Filter{Authors: []string{alice.pk}, Kinds: []int{1}})
 
 	gift := alice.event(1059, "sealed for bob", nostr.Tag{"p", bob.pk})
-	aliceC.mustPublish(gift)
+	aliceC.MustPublish(gift)
 	dm := alice.event(9, "hi bob", nostr.Tag{"h", resp.ChannelID})
-	aliceC.mustPublish(dm)
+	aliceC.MustPublish(dm)
 	// Barrier: a public event committed after the private ones. Each process delivers in commit
 	// order, so once a subscriber has it, a leaked private event would have arrived before.
 	public := alice.event(1, "public")
-	aliceC.mustPublish(public)
+	aliceC.MustPublish(public)
 
-	bobC.waitEvents(bobS, 20*time.Second, gift.ID, dm.ID, public.ID)
-	fanAssertOnce(t, bobC, bobS, "bob", gift.ID, dm.ID, public.ID)
-	eveC.waitEvents(eveS, 20*time.Second, public.ID)
-	anonC.waitEvents(anonS, 20*time.Second, public.ID)
+	bobS.WaitEvents(20*time.Second, gift.ID, dm.ID, public.ID)
+	fanAssertOnce(t, bobS, "bob", gift.ID, dm.ID, public.ID)
+	eveS.WaitEvents(20*time.Second, public.ID)
+	anonS.WaitEvents(20*time.Second, public.ID)
 	for _, x := range []struct {
-		c    *fanClient
-		s    *fanSub
+		s    *testenv.Sub
 		name string
-	}{{eveC, eveS, "eve"}, {anonC, anonS, "anonymous"}} {
-		got := x.c.counts(x.s)
+	}{{eveS, "eve"}, {anonS, "anonymous"}} {
+		got := x.s.Counts()
 		if got[gift.ID] != 0 || got[dm.ID] != 0 {
 			t.Errorf("I7 broken: %s on another process received a private event (gift %d, dm %d)", x.name, got[gift.ID], got[dm.ID])
 		}
@@ -140,9 +136,8 @@ func TestFanoutWalsenderKilledAcrossProcesses(t *testing.T) {
 	rs := startFanoutRelays(t, dbURL, 2, nil)
 	pool := testenv.Pool(t, dbURL)
 	author := newFanUser()
-	sub := fanDial(t, rs[1].URL)
-	s := sub.subscribe(nostr.Filter{Authors: []string{author.pk}})
-	pub := fanDial(t, rs[0].URL)
+	s := testenv.Dial(t, rs[1].URL).Subscribe(nostr.Filter{Authors: []string{author.pk}})
+	pub := testenv.Dial(t, rs[0].URL)
 
 	var ids []string
 	kill := func() {
@@ -163,21 +158,21 @@ func TestFanoutWalsenderKilledAcrossProcesses(t *testing.T) {
 		for i := 0; i < 100; i++ {
 			ev := author.event(1, "flow")
 			burst = append(burst, ev)
-			pub.sendEvent(ev)
+			pub.SendEvent(ev)
 			if i == 30 {
 				kill()
 			}
 		}
 		for _, ev := range burst {
-			pub.waitFor("OK", 20*time.Second, func() bool { _, ok := pub.oks[ev.ID]; return ok })
+			pub.WaitOK(ev.ID, 20*time.Second)
 			ids = append(ids, ev.ID)
 		}
-		sub.waitEvents(s, 30*time.Second, ids...)
+		s.WaitEvents(30*time.Second, ids...)
 	}
 	last := author.event(1, "barrier")
-	pub.mustPublish(last)
-	sub.waitEvents(s, 20*time.Second, last.ID)
-	fanAssertOnce(t, sub, s, "subscriber", append(ids, last.ID)...)
+	pub.MustPublish(last)
+	s.WaitEvents(20*time.Second, last.ID)
+	fanAssertOnce(t, s, "subscriber", append(ids, last.ID)...)
 }
 
 // kill -9 of one process: its slot is gone within the documented bound while the others keep
@@ -197,9 +192,8 @@ func TestFanoutKilledProcessSlotIsReaped(t *testing.T) {
 		t.Fatalf("slot %s missing while its process runs", slot)
 	}
 	author := newFanUser()
-	sub := fanDial(t, rs[1].URL)
-	s := sub.subscribe(nostr.Filter{Authors: []string{author.pk}})
-	pub := fanDial(t, rs[0].URL)
+	s := testenv.Dial(t, rs[1].URL).Subscribe(nostr.Filter{Authors: []string{author.pk}})
+	pub := testenv.Dial(t, rs[0].URL)
 
 	killed := time.Now()
 	rs[2].Kill()
@@ -209,7 +203,7 @@ func TestFanoutKilledProcessSlotIsReaped(t *testing.T) {
 			t.Fatalf("slot %s of the killed process still exists %s after kill -9 (bound: StaleAfter %s + StaleAfter/3)", slot, time.Since(killed), stale)
 		}
 		ev := author.event(1, "while reaping")
-		pub.mustPublish(ev)
+		pub.MustPublish(ev)
 		ids = append(ids, ev.ID)
 		time.Sleep(100 * time.Millisecond) // pacing of the traffic, not a synchronisation
 	}
@@ -219,10 +213,10 @@ func TestFanoutKilledProcessSlotIsReaped(t *testing.T) {
 		t.Errorf("slot dropped after %s; documented bound is StaleAfter + StaleAfter/3 (+10%% jitter) = %s", gone, stale+stale/3+stale/10)
 	}
 	ev := author.event(1, "after reaping")
-	pub.mustPublish(ev)
+	pub.MustPublish(ev)
 	ids = append(ids, ev.ID)
-	sub.waitEvents(s, 20*time.Second, ids...)
-	fanAssertOnce(t, sub, s, "subscriber on a surviving process", ids...)
+	s.WaitEvents(20*time.Second, ids...)
+	fanAssertOnce(t, s, "subscriber on a surviving process", ids...)
 	var rows int
 	_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM buzz.instances WHERE instance_id = $1`, rs[2].InstanceID).Scan(&rows)
 	if rows != 0 {

@@ -19,122 +19,18 @@ import (
 // Black-box tests of the relay through a real `buzzpg serve`: what a client sees on the wire,
 // with live delivery coming through the process's replication tail.
 
-type rbClient struct {
-	t         testing.TB
-	ws        *websocket.Conn
-	challenge string
-}
-
-func rbDial(t testing.TB, url string) *rbClient {
+// rbDial connects and checks that the relay opens with its NIP-42 AUTH challenge.
+func rbDial(t testing.TB, url string) *testenv.Client {
 	t.Helper()
-	ws, _, err := websocket.DefaultDialer.Dial(url, nil)
-	if err != nil {
-		t.Fatalf("dial: %v", err)
+	c := testenv.Dial(t, url)
+	if v := c.FirstVerb(); v != "AUTH" {
+		t.Fatalf("first message %s, want AUTH", v)
 	}
-	t.Cleanup(func() { ws.Close() })
-	c := &rbClient{t: t, ws: ws}
-	m := c.read()
-	if rbStr(m[0]) != "AUTH" {
-		t.Fatalf("first message %v", m)
-	}
-	c.challenge = rbStr(m[1])
 	return c
 }
 
-func rbStr(r json.RawMessage) string {
-	var s string
-	_ = json.Unmarshal(r, &s)
-	return s
-}
-
-func (c *rbClient) send(v ...any) {
-	c.t.Helper()
-	b, _ := json.Marshal(v)
-	if err := c.ws.WriteMessage(websocket.TextMessage, b); err != nil {
-		c.t.Fatal(err)
-	}
-}
-
-func (c *rbClient) tryRead(d time.Duration) ([]json.RawMessage, error) {
-	_ = c.ws.SetReadDeadline(time.Now().Add(d))
-	_, b, err := c.ws.ReadMessage()
-	if err != nil {
-		return nil, err
-	}
-	var m []json.RawMessage
-	if err := json.Unmarshal(b, &m); err != nil || len(m) == 0 {
-		return nil, fmt.Errorf("bad message %q", b)
-	}
-	return m, nil
-}
-
-func (c *rbClient) read() []json.RawMessage {
-	c.t.Helper()
-	m, err := c.tryRead(20 * time.Second)
-	if err != nil {
-		c.t.Fatalf("read: %v", err)
-	}
-	return m
-}
-
-// publish sends an EVENT and returns (ok, message) of its OK.
-func (c *rbClient) publish(ev nostr.Event) (bool, string) {
-	c.t.Helper()
-	c.send("EVENT", ev)
-	for {
-		m := c.read()
-		if rbStr(m[0]) == "OK" && rbStr(m[1]) == ev.ID {
-			var ok bool
-			_ = json.Unmarshal(m[2], &ok)
-			return ok, rbStr(m[3])
-		}
-	}
-}
-
-// req returns stored events until EOSE, or the CLOSED reason.
-func (c *rbClient) req(sub string, f ...nostr.Filter) ([]nostr.Event, string) {
-	c.t.Helper()
-	msg := []any{"REQ", sub}
-	for _, x := range f {
-		msg = append(msg, x)
-	}
-	c.send(msg...)
-	var out []nostr.Event
-	for {
-		m := c.read()
-		switch rbStr(m[0]) {
-		case "EVENT":
-			if rbStr(m[1]) == sub {
-				var ev nostr.Event
-				_ = json.Unmarshal(m[2], &ev)
-				out = append(out, ev)
-			}
-		case "EOSE":
-			if rbStr(m[1]) == sub {
-				return out, ""
-			}
-		case "CLOSED":
-			if rbStr(m[1]) == sub {
-				return out, rbStr(m[2])
-			}
-		}
-	}
-}
-
-func (c *rbClient) next(sub string) nostr.Event {
-	c.t.Helper()
-	for {
-		m := c.read()
-		if rbStr(m[0]) == "EVENT" && rbStr(m[1]) == sub {
-			var ev nostr.Event
-			_ = json.Unmarshal(m[2], &ev)
-			return ev
-		}
-	}
-}
-
-func rbSign(sk string, kind int, content string, at nostr.Timestamp, tags ...nostr.Tag) nostr.Event {
-	ev := nostr.Event{Kind: kind, Content: content, CreatedAt: at, Tags: nostr.Tags(tags)}
+func rbSign(sk string, kind int, content string, at nostr.Timestamp, tags ...nostr.Tag) *nostr.Event {
+	ev := &nostr.Event{Kind: kind, Content: content, CreatedAt: at, Tags: nostr.Tags(tags)}
 	if ev.Tags == nil {
 		ev.Tags = nostr.Tags{}
 	}
@@ -171,19 +67,20 @@ func TestRelayServeEndToEnd(t *testing.T) {
 	t.Run("publish on one connection, live on another", func(t *testing.T) {
 		sk, pk := testenv.NewKey()
 		sub := rbDial(t, r.URL)
-		if got, closed := sub.req("live", nostr.Filter{Authors: []string{pk}}); closed != "" || len(got) != 0 {
-			t.Fatalf("initial: %d %q", len(got), closed)
+		live := sub.Req(nostr.Filter{Authors: []string{pk}})
+		if closed, reason := live.Closed(); closed || len(live.Events()) != 0 {
+			t.Fatalf("initial: %d %v %q", len(live.Events()), closed, reason)
 		}
 		pub := rbDial(t, r.URL)
 		ev := rbSign(sk, 1, "hello", nostr.Now())
-		if ok, msg := pub.publish(ev); !ok || msg != "" {
-			t.Fatalf("OK %v %q", ok, msg)
+		if r := pub.Publish(ev); !r.OK || r.Msg != "" {
+			t.Fatalf("OK %v %q", r.OK, r.Msg)
 		}
-		if got := sub.next("live"); got.ID != ev.ID {
+		if got := live.WaitN(1, 20*time.Second)[0]; got.ID != ev.ID {
 			t.Fatalf("live got %s", got.ID)
 		}
-		if ok, msg := pub.publish(ev); !ok || !strings.HasPrefix(msg, "duplicate:") {
-			t.Fatalf("duplicate: %v %q", ok, msg)
+		if r := pub.Publish(ev); !r.OK || !strings.HasPrefix(r.Msg, "duplicate:") {
+			t.Fatalf("duplicate: %v %q", r.OK, r.Msg)
 		}
 	})
 
@@ -193,31 +90,31 @@ func TestRelayServeEndToEnd(t *testing.T) {
 		now := nostr.Now()
 		newer := rbSign(sk, 0, `{"name":"new"}`, now)
 		older := rbSign(sk, 0, `{"name":"old"}`, now-10)
-		if ok, msg := c.publish(newer); !ok {
-			t.Fatal(msg)
+		if r := c.Publish(newer); !r.OK {
+			t.Fatal(r.Msg)
 		}
-		if ok, msg := c.publish(older); ok || !strings.HasPrefix(msg, "duplicate: have newer") {
-			t.Fatalf("older replaceable: %v %q", ok, msg)
+		if r := c.Publish(older); r.OK || !strings.HasPrefix(r.Msg, "duplicate: have newer") {
+			t.Fatalf("older replaceable: %v %q", r.OK, r.Msg)
 		}
-		got, _ := c.req("k0", nostr.Filter{Authors: []string{pk}, Kinds: []int{0}})
+		got := c.Req(nostr.Filter{Authors: []string{pk}, Kinds: []int{0}}).Events()
 		if len(got) != 1 || got[0].ID != newer.ID {
 			t.Fatalf("kind 0 head: %v", got)
 		}
 		note := rbSign(sk, 1, "to delete", now)
-		c.publish(note)
+		c.Publish(note)
 		del := rbSign(sk, 5, "", now, nostr.Tag{"e", note.ID})
-		if ok, msg := c.publish(del); !ok {
-			t.Fatal(msg)
+		if r := c.Publish(del); !r.OK {
+			t.Fatal(r.Msg)
 		}
-		if got, _ := c.req("del", nostr.Filter{IDs: []string{note.ID}}); len(got) != 0 {
+		if got := c.Req(nostr.Filter{IDs: []string{note.ID}}).Events(); len(got) != 0 {
 			t.Fatal("deleted event still served")
 		}
-		if ok, msg := c.publish(note); ok || !strings.HasPrefix(msg, "blocked: deleted") {
-			t.Fatalf("republished deleted: %v %q", ok, msg)
+		if r := c.Publish(note); r.OK || !strings.HasPrefix(r.Msg, "blocked: deleted") {
+			t.Fatalf("republished deleted: %v %q", r.OK, r.Msg)
 		}
 		expired := rbSign(sk, 1, "gone", now-100, nostr.Tag{"expiration", fmt.Sprint(int64(now) - 50)})
-		if ok, msg := c.publish(expired); ok || !strings.HasPrefix(msg, "invalid: expired") {
-			t.Fatalf("expired: %v %q", ok, msg)
+		if r := c.Publish(expired); r.OK || !strings.HasPrefix(r.Msg, "invalid: expired") {
+			t.Fatalf("expired: %v %q", r.OK, r.Msg)
 		}
 	})
 
@@ -225,60 +122,35 @@ func TestRelayServeEndToEnd(t *testing.T) {
 		sk, _ := testenv.NewKey()
 		c := rbDial(t, r.URL)
 		prot := rbSign(sk, 1, "protected", nostr.Now(), nostr.Tag{"-"})
-		if ok, msg := c.publish(prot); ok || !strings.HasPrefix(msg, "auth-required:") {
-			t.Fatalf("protected before AUTH: %v %q", ok, msg)
+		if res := c.Publish(prot); res.OK || !strings.HasPrefix(res.Msg, "auth-required:") {
+			t.Fatalf("protected before AUTH: %v %q", res.OK, res.Msg)
 		}
-		auth := rbSign(sk, 22242, "", nostr.Now(), nostr.Tag{"relay", r.URL + "/"}, nostr.Tag{"challenge", c.challenge})
-		c.send("AUTH", auth)
-		for {
-			m := c.read()
-			if rbStr(m[0]) == "OK" {
-				var ok bool
-				_ = json.Unmarshal(m[2], &ok)
-				if !ok {
-					t.Fatalf("AUTH refused: %s", m[3])
-				}
-				break
-			}
+		// The relay tag names the served URL with a trailing slash: it must still match.
+		if res := c.AuthWith(sk, r.URL+"/"); !res.OK {
+			t.Fatalf("AUTH refused: %s", res.Msg)
 		}
-		if ok, msg := c.publish(prot); !ok {
-			t.Fatalf("protected after AUTH: %q", msg)
+		if res := c.Publish(prot); !res.OK {
+			t.Fatalf("protected after AUTH: %q", res.Msg)
 		}
 	})
 
 	t.Run("oversized frame closes with 1009", func(t *testing.T) {
 		c := rbDial(t, r.URL)
 		big := `["EVENT",{"content":"` + strings.Repeat("x", 200_000) + `"}]`
-		if err := c.ws.WriteMessage(websocket.TextMessage, []byte(big)); err != nil {
-			t.Fatal(err)
-		}
-		for {
-			_, err := c.tryRead(20 * time.Second)
-			if err == nil {
-				continue
-			}
-			var ce *websocket.CloseError
-			if !errors.As(err, &ce) || ce.Code != websocket.CloseMessageTooBig {
-				t.Fatalf("want 1009, got %v", err)
-			}
-			break
+		c.SendRaw([]byte(big))
+		var ce *websocket.CloseError
+		if err := c.WaitClosed(20 * time.Second); !errors.As(err, &ce) || ce.Code != websocket.CloseMessageTooBig {
+			t.Fatalf("want 1009, got %v", err)
 		}
 	})
 
 	t.Run("graceful stop closes clients with 1001", func(t *testing.T) {
 		c := rbDial(t, r.URL)
-		c.req("s", nostr.Filter{Kinds: []int{1}, Limit: 1})
+		c.Req(nostr.Filter{Kinds: []int{1}, Limit: 1})
 		go r.Stop()
-		for {
-			_, err := c.tryRead(30 * time.Second)
-			if err == nil {
-				continue
-			}
-			var ce *websocket.CloseError
-			if !errors.As(err, &ce) || ce.Code != websocket.CloseGoingAway {
-				t.Fatalf("want 1001, got %v", err)
-			}
-			break
+		var ce *websocket.CloseError
+		if err := c.WaitClosed(30 * time.Second); !errors.As(err, &ce) || ce.Code != websocket.CloseGoingAway {
+			t.Fatalf("want 1001, got %v", err)
 		}
 		<-r.Done()
 	})

@@ -80,13 +80,11 @@ func TestReminderCrashAfterClaimRecoveredOnce(t *testing.T) {
 	env := map[string]string{"BUZZ_REMINDER_LEASE": "2s"}
 	dirs := [2]string{t.TempDir(), t.TempDir()}
 	var relays [2]*testenv.Relay
-	var clients [2]*remClient
+	var subs [2]*testenv.Sub
 	for i := range relays {
 		relays[i] = testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: url, RelayKey: relayKey, Env: env,
 			HookDir: dirs[i], Hooks: []string{"reminder.after_claim"}})
-		clients[i] = remDial(t, relays[i].URL)
-		clients[i].auth(sk)
-		clients[i].subscribeDue(pk)
+		subs[i] = remDueSub(t, relays[i].URL, sk, pk)
 	}
 
 	now := time.Now().Unix()
@@ -114,9 +112,10 @@ func TestReminderCrashAfterClaimRecoveredOnce(t *testing.T) {
 	}
 	relays[x].Kill()
 
-	clients[y].wait("due signal on the survivor", 30*time.Second, func() bool { return clients[y].count[ev.ID] > 0 })
-	time.Sleep(time.Second) // quiet period: a duplicate would arrive within it
-	if n := clients[y].counts()[ev.ID]; n != 1 {
+	// The due signal reaches the author on the survivor; a duplicate would arrive within a second.
+	subs[y].WaitEvents(30*time.Second, ev.ID)
+	time.Sleep(time.Second)
+	if n := subs[y].Counts()[ev.ID]; n != 1 {
 		t.Fatalf("the author's subscription on the survivor received the due signal %d times, want 1", n)
 	}
 	r := remGet(t, pool, ev.ID)
@@ -134,9 +133,7 @@ func TestReminderBurstTwoProcesses(t *testing.T) {
 	sk, pk := testenv.NewKey()
 	a := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: url, RelayKey: relayKey})
 	b := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: url, RelayKey: relayKey})
-	c := remDial(t, a.URL)
-	c.auth(sk)
-	c.subscribeDue(pk)
+	due := remDueSub(t, a.URL, sk, pk)
 	if os.Getenv("BUZZ_REMINDER_BURST_LOG") != "" {
 		defer func() {
 			for _, r := range []*testenv.Relay{a, b} {
@@ -184,24 +181,19 @@ func TestReminderBurstTwoProcesses(t *testing.T) {
 	if armed != n {
 		t.Fatalf("%d of %d armed after storing (took %s); due too early, raise the lead time", armed, n, time.Since(t0))
 	}
-	c.wait(fmt.Sprintf("%d due signals", n), time.Duration(60+n/100)*time.Second, func() bool {
-		for _, ev := range evs {
-			if c.count[ev.ID] == 0 {
-				return false
-			}
-		}
-		return true
-	})
+	ids := make([]string, n)
+	for i, ev := range evs {
+		ids[i] = ev.ID
+	}
+	due.WaitEvents(time.Duration(60+n/100)*time.Second, ids...)
 	time.Sleep(time.Second)
-	counts := c.counts()
+	counts := due.Counts()
 	late := make([]time.Duration, 0, n)
 	for _, ev := range evs {
 		if counts[ev.ID] != 1 {
 			t.Errorf("%s delivered %d times, want 1", ev.ID, counts[ev.ID])
 		}
-		c.mu.Lock()
-		late = append(late, c.first[ev.ID].Sub(time.Unix(nb, 0)))
-		c.mu.Unlock()
+		late = append(late, due.FirstAt(ev.ID).Sub(time.Unix(nb, 0)))
 	}
 	if len(counts) != n {
 		t.Errorf("%d distinct events delivered, want %d", len(counts), n)
@@ -228,20 +220,18 @@ func TestReminderNewerVersionAcrossProcesses(t *testing.T) {
 	sk, pk := testenv.NewKey()
 	a := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: url, RelayKey: relayKey})
 	testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: url, RelayKey: relayKey})
-	c := remDial(t, a.URL)
-	c.auth(sk)
-	c.subscribeDue(pk)
+	due := remDueSub(t, a.URL, sk, pk)
 
 	now := time.Now().Unix()
 	v1 := remEvent(t, sk, now-2, "addr", remNB(now+3))
 	remMustAccept(t, pool, v1)
 	v2 := remEvent(t, sk, now-1, "addr", remNB(now+4)) // re-arms before v1 was due
 	remMustAccept(t, pool, v2)
-	c.wait("v2 due", 30*time.Second, func() bool { return c.count[v2.ID] > 0 })
+	due.WaitEvents(30*time.Second, v2.ID)
 	v3 := remEvent(t, sk, now, "addr", remNB(now+3600)) // after the due signal was sent
 	remMustAccept(t, pool, v3)
 	time.Sleep(time.Second)
-	got := c.counts()
+	got := due.Counts()
 	if got[v1.ID] != 0 || got[v2.ID] != 1 || got[v3.ID] != 0 {
 		t.Fatalf("due deliveries v1=%d v2=%d v3=%d, want 0, 1, 0", got[v1.ID], got[v2.ID], got[v3.ID])
 	}
@@ -253,6 +243,18 @@ func TestReminderNewerVersionAcrossProcesses(t *testing.T) {
 			t.Errorf("%s is %s, want %s", w.ev.ID, r.State, w.state)
 		}
 	}
+}
+
+// remDueSub connects to url as sk and subscribes to pk's reminders with since far in the future:
+// stored events never match it, but due signals do (they match ignoring since/until), so every
+// EVENT counted on it is a due delivery. Strict: each one's signature is checked, and the relay
+// must not close the subscription.
+func remDueSub(t testing.TB, url, sk, pk string) *testenv.Sub {
+	t.Helper()
+	c := testenv.Dial(t, url, testenv.Strict())
+	c.Auth(sk)
+	since := nostr.Timestamp(time.Now().Unix() + 10*365*24*3600)
+	return c.Subscribe(nostr.Filter{Kinds: []int{30300}, Authors: []string{pk}, Since: &since})
 }
 
 func remPercentilesT(ds []time.Duration) [3]time.Duration {

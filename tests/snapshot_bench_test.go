@@ -36,12 +36,9 @@ func BenchmarkSnapshotServeConvergence(b *testing.B) {
 		Env: map[string]string{"BUZZ_LOG_LEVEL": "info"}})
 
 	senderSK, senderPK := testenv.NewKey()
-	sender := snapDial(b, r.URL)
-	sender.auth(senderSK)
-
 	type viewer struct {
 		pk, ch string
-		c      *snapClient
+		c      *testenv.Client
 	}
 	// Per viewer and round: when the sender saw the OK of its resurfacing message, and when the
 	// viewer's live subscription got a snapshot with nothing hidden (either may come first).
@@ -58,10 +55,7 @@ func BenchmarkSnapshotServeConvergence(b *testing.B) {
 		if err := pool.QueryRow(ctx, `SELECT channel_id::text FROM buzz.open_dm($1, ARRAY[$2], NULL)`, senderPK, pk).Scan(&v.ch); err != nil {
 			b.Fatal(err)
 		}
-		v.c = snapDial(b, r.URL)
-		v.c.auth(sk)
-		v.c.subscribe(nostr.Filter{Kinds: []int{30622}, Tags: nostr.TagMap{"p": []string{pk}}})
-		v.c.onEvent = func(sub string, ev *nostr.Event, at time.Time) {
+		v.c = testenv.Dial(b, r.URL, testenv.OnEvent(func(sub string, ev *nostr.Event, at time.Time) {
 			if len(snapHidden(ev)) != 0 {
 				return // a hide's snapshot, not the resurfacing one
 			}
@@ -70,19 +64,22 @@ func BenchmarkSnapshotServeConvergence(b *testing.B) {
 			if x := cur[pk]; x != nil && x.snap.IsZero() {
 				x.snap = at
 			}
-		}
+		}))
+		v.c.Auth(sk)
+		v.c.Subscribe(nostr.Filter{Kinds: []int{30622}, Tags: nostr.TagMap{"p": []string{pk}}})
 		vs[i] = v
 	}
-	sender.onOK = func(id string, at time.Time) {
+	sender := testenv.Dial(b, r.URL, testenv.OnOK(func(id string, accepted bool, _ string, at time.Time) {
 		mu.Lock()
 		defer mu.Unlock()
 		if v, ok := msgViewer[id]; ok && cur[v] != nil && cur[v].ok.IsZero() {
 			cur[v].ok = at
-			if r := sender.oks[id]; r[0] != "true" {
+			if !accepted {
 				refused++
 			}
 		}
-	}
+	}))
+	sender.Auth(senderSK)
 	all := make([]string, viewers)
 	for i, v := range vs {
 		all[i] = v.pk
@@ -100,7 +97,7 @@ func BenchmarkSnapshotServeConvergence(b *testing.B) {
 		// Hide every DM (sorted by viewer: the documented lock order), wait for those snapshots.
 		snapExec(b, pool, `SELECT buzz.hide_dm(m.pubkey, m.channel_id) FROM
 			(SELECT pubkey, channel_id FROM buzz.members WHERE pubkey = ANY($1) AND hidden_at IS NULL ORDER BY pubkey) m`, all)
-		snapWait(b, time.Minute, "hides published", converged)
+		testenv.WaitUntil(b, time.Minute, "hides published", converged)
 		// Resurface them: one message per viewer, paced.
 		tick := time.NewTicker(time.Second / time.Duration(rate))
 		t0 := time.Now()
@@ -111,11 +108,11 @@ func BenchmarkSnapshotServeConvergence(b *testing.B) {
 			msgViewer[ev.ID] = v.pk
 			cur[v.pk] = &sample{}
 			mu.Unlock()
-			sender.send("EVENT", ev)
+			sender.SendEvent(ev)
 		}
 		tick.Stop()
 		offered += float64(viewers) / time.Since(t0).Seconds() / rounds
-		snapWait(b, time.Minute, "resurfacing snapshots received", func() bool {
+		testenv.WaitUntil(b, time.Minute, "resurfacing snapshots received", func() bool {
 			mu.Lock()
 			defer mu.Unlock()
 			for _, x := range cur {

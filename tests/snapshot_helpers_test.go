@@ -1,177 +1,21 @@
 package tests
 
-// Helpers of the NIP-DV (kind 30622) black-box tests: a small NIP-01/42 client and SQL probes.
+// Helpers of the NIP-DV (kind 30622) black-box tests: signed events and SQL probes (the WebSocket
+// client is testenv.Client).
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/gorilla/websocket"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
-
-type snapClient struct {
-	t    testing.TB
-	url  string
-	conn *websocket.Conn
-	wmu  sync.Mutex
-
-	mu        sync.Mutex
-	cond      *sync.Cond
-	challenge string
-	oks       map[string][2]string // id -> {"true"/"false", message}
-	events    map[string][]*nostr.Event
-	eose      map[string]bool
-	closedErr error
-	// Optional, called on the reader goroutine with c.mu held (benchmarks time arrivals).
-	onEvent func(sub string, ev *nostr.Event, at time.Time)
-	onOK    func(id string, at time.Time)
-}
-
-func snapDial(t testing.TB, url string) *snapClient {
-	t.Helper()
-	conn, _, err := (&websocket.Dialer{HandshakeTimeout: 10 * time.Second}).Dial(url, nil)
-	if err != nil {
-		t.Fatalf("dial %s: %v", url, err)
-	}
-	c := &snapClient{t: t, url: url, conn: conn, oks: map[string][2]string{},
-		events: map[string][]*nostr.Event{}, eose: map[string]bool{}}
-	c.cond = sync.NewCond(&c.mu)
-	go c.read()
-	t.Cleanup(func() { conn.Close() })
-	return c
-}
-
-func (c *snapClient) read() {
-	for {
-		_, data, err := c.conn.ReadMessage()
-		at := time.Now()
-		c.mu.Lock()
-		if err != nil {
-			c.closedErr = err
-			c.cond.Broadcast()
-			c.mu.Unlock()
-			return
-		}
-		var msg []json.RawMessage
-		if json.Unmarshal(data, &msg) == nil && len(msg) >= 2 {
-			var typ, s1 string
-			_ = json.Unmarshal(msg[0], &typ)
-			_ = json.Unmarshal(msg[1], &s1)
-			switch typ {
-			case "AUTH":
-				c.challenge = s1
-			case "OK":
-				if len(msg) >= 4 {
-					var ok bool
-					var m string
-					_ = json.Unmarshal(msg[2], &ok)
-					_ = json.Unmarshal(msg[3], &m)
-					c.oks[s1] = [2]string{fmt.Sprint(ok), m}
-					if c.onOK != nil {
-						c.onOK(s1, at)
-					}
-				}
-			case "EVENT":
-				ev := &nostr.Event{}
-				if len(msg) >= 3 && ev.UnmarshalJSON(msg[2]) == nil {
-					c.events[s1] = append(c.events[s1], ev)
-					if c.onEvent != nil {
-						c.onEvent(s1, ev, at)
-					}
-				}
-			case "EOSE":
-				c.eose[s1] = true
-			case "CLOSED":
-				c.eose[s1] = true
-				c.events[s1+":closed"] = nil
-			}
-		}
-		c.cond.Broadcast()
-		c.mu.Unlock()
-	}
-}
-
-func (c *snapClient) send(v ...any) {
-	c.t.Helper()
-	b, _ := json.Marshal(v)
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	if err := c.conn.WriteMessage(websocket.TextMessage, b); err != nil {
-		c.t.Fatalf("write: %v", err)
-	}
-}
-
-// waitFor waits (c.mu held while cond runs); the deadline only turns a hang into a failure.
-func (c *snapClient) waitFor(what string, timeout time.Duration, cond func() bool) {
-	c.t.Helper()
-	deadline := time.Now().Add(timeout)
-	timer := time.AfterFunc(timeout, func() { c.mu.Lock(); c.cond.Broadcast(); c.mu.Unlock() })
-	defer timer.Stop()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for !cond() {
-		if c.closedErr != nil {
-			c.t.Fatalf("%s: connection closed: %v", what, c.closedErr)
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("%s: timed out after %s", what, timeout)
-		}
-		c.cond.Wait()
-	}
-}
-
-func (c *snapClient) auth(sk string) {
-	c.t.Helper()
-	var ch string
-	c.waitFor("AUTH challenge", 10*time.Second, func() bool { ch = c.challenge; return ch != "" })
-	ev := &nostr.Event{Kind: 22242, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"relay", c.url}, {"challenge", ch}}}
-	_ = ev.Sign(sk)
-	c.send("AUTH", ev)
-	c.waitFor("AUTH OK", 10*time.Second, func() bool { _, ok := c.oks[ev.ID]; return ok })
-	if r := c.oks[ev.ID]; r[0] != "true" {
-		c.t.Fatalf("AUTH refused: %s", r[1])
-	}
-}
-
-// publish sends ev and returns the OK message, failing when refused.
-func (c *snapClient) publish(ev *nostr.Event) string {
-	c.t.Helper()
-	c.send("EVENT", ev)
-	c.waitFor("OK "+ev.ID[:8], 20*time.Second, func() bool { _, ok := c.oks[ev.ID]; return ok })
-	r := c.oks[ev.ID]
-	if r[0] != "true" {
-		c.t.Fatalf("kind %d refused: %s", ev.Kind, r[1])
-	}
-	return r[1]
-}
-
-var snapSubSeq atomic.Int64
-
-// subscribe opens a REQ and waits for EOSE; live events follow on the returned id.
-func (c *snapClient) subscribe(f nostr.Filter) string {
-	c.t.Helper()
-	id := fmt.Sprintf("snap%d", snapSubSeq.Add(1))
-	c.send("REQ", id, f)
-	c.waitFor("EOSE "+id, 20*time.Second, func() bool { return c.eose[id] })
-	return id
-}
-
-func (c *snapClient) received(sub string) []*nostr.Event {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return slices.Clone(c.events[sub])
-}
 
 var snapNonce atomic.Int64
 
@@ -209,18 +53,6 @@ func snapGens(t testing.TB, pool *pgxpool.Pool, viewer string) (target, publishe
 	_ = pool.QueryRow(context.Background(), `SELECT target_generation, published_generation
 		FROM buzz.visibility_state WHERE viewer = $1`, viewer).Scan(&target, &published)
 	return
-}
-
-// snapWait polls cond; the deadline only turns a hang into a failure.
-func snapWait(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for: %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // snapHead returns the viewer's only stored 30622 and its hidden set (fails if there are several).

@@ -17,9 +17,9 @@ import (
 )
 
 // openDM opens a DM between the client's user and other over the relay and returns its id.
-func snapOpenDM(t testing.TB, c *snapClient, sk, other string) string {
+func snapOpenDM(t testing.TB, c *testenv.Client, sk, other string) string {
 	t.Helper()
-	msg := c.publish(snapEvent(t, sk, 41010, "", nostr.Tag{"p", other}))
+	msg := c.MustPublish(snapEvent(t, sk, 41010, "", nostr.Tag{"p", other}))
 	var resp struct {
 		ChannelID string `json:"channel_id"`
 	}
@@ -41,13 +41,13 @@ func TestSnapshotServeRecoveryAfterFailedPublication(t *testing.T) {
 
 	vSK, vPK := testenv.NewKey()
 	oSK, oPK := testenv.NewKey()
-	viewer := snapDial(t, r1.URL)
-	viewer.auth(vSK)
-	other := snapDial(t, r1.URL)
-	other.auth(oSK)
+	viewer := testenv.Dial(t, r1.URL)
+	viewer.Auth(vSK)
+	other := testenv.Dial(t, r1.URL)
+	other.Auth(oSK)
 	ch := snapOpenDM(t, viewer, vSK, oPK)
-	viewer.publish(snapEvent(t, vSK, 41012, "", nostr.Tag{"h", ch})) // hide
-	snapWait(t, 20*time.Second, "hide published", func() bool { g, p := snapGens(t, pool, vPK); return g > 0 && p == g })
+	viewer.MustPublish(snapEvent(t, vSK, 41012, "", nostr.Tag{"h", ch})) // hide
+	testenv.WaitUntil(t, 20*time.Second, "hide published", func() bool { g, p := snapGens(t, pool, vPK); return g > 0 && p == g })
 	if _, hs := snapHead(t, pool, vPK); !slices.Equal(hs, []string{ch}) {
 		t.Fatalf("after hide: %v", hs)
 	}
@@ -58,12 +58,12 @@ func TestSnapshotServeRecoveryAfterFailedPublication(t *testing.T) {
 		CREATE TRIGGER fail_snapshots BEFORE INSERT ON buzz.events
 		  FOR EACH ROW WHEN (NEW.kind = 30622) EXECUTE FUNCTION public.fail_snapshots();`)
 	msg := snapEvent(t, oSK, 9, "hello again", nostr.Tag{"h", ch})
-	other.publish(msg) // accepted: resurfaces the DM for the viewer
+	other.MustPublish(msg) // accepted: resurfaces the DM for the viewer
 	target, published := snapGens(t, pool, vPK)
 	if target != published+1 {
 		t.Fatalf("resurfacing: target %d published %d", target, published)
 	}
-	snapWait(t, 20*time.Second, "publication failing", func() bool {
+	testenv.WaitUntil(t, 20*time.Second, "publication failing", func() bool {
 		var attempts int
 		_ = pool.QueryRow(context.Background(), `SELECT coalesce(max(attempts), 0) FROM buzz.visibility_outbox WHERE viewer = $1`, vPK).Scan(&attempts)
 		return attempts >= 1
@@ -72,10 +72,10 @@ func TestSnapshotServeRecoveryAfterFailedPublication(t *testing.T) {
 
 	// A new process; the viewer subscribes live on it before publication works again.
 	r2 := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: dbURL, RelayKey: relayKey, Env: env})
-	live := snapDial(t, r2.URL)
-	live.auth(vSK)
-	sub := live.subscribe(nostr.Filter{Kinds: []int{30622}, Tags: nostr.TagMap{"p": []string{vPK}}})
-	if evs := live.received(sub); len(evs) != 1 || !slices.Equal(snapHidden(evs[0]), []string{ch}) {
+	live := testenv.Dial(t, r2.URL)
+	live.Auth(vSK)
+	sub := live.Subscribe(nostr.Filter{Kinds: []int{30622}, Tags: nostr.TagMap{"p": []string{vPK}}})
+	if evs := sub.Events(); len(evs) != 1 || !slices.Equal(snapHidden(evs[0]), []string{ch}) {
 		t.Fatalf("initial query: %d snapshots", len(evs))
 	}
 	if _, p := snapGens(t, pool, vPK); p != published {
@@ -83,8 +83,7 @@ func TestSnapshotServeRecoveryAfterFailedPublication(t *testing.T) {
 	}
 	snapExec(t, pool, `DROP TRIGGER fail_snapshots ON buzz.events`)
 
-	live.waitFor("live snapshot", 20*time.Second, func() bool { return len(live.events[sub]) >= 2 })
-	got := live.received(sub)[1]
+	got := sub.WaitN(2, 20*time.Second)[1] // the live snapshot after the initial one
 	if ok, _ := got.CheckSignature(); !ok || got.PubKey != relayPK || len(snapHidden(got)) != 0 ||
 		got.Tags.GetFirst([]string{"d", vPK}) == nil || got.Tags.GetFirst([]string{"p", vPK}) == nil {
 		t.Fatalf("live snapshot %v", got)
@@ -157,7 +156,7 @@ func TestSnapshotServeStalePublisherAcrossProcesses(t *testing.T) {
 	_ = b
 
 	testenv.ReleaseHook(t, hookDir, listener.HookBeforeFence)
-	snapWait(t, 20*time.Second, "A's outcome in its log", func() bool {
+	testenv.WaitUntil(t, 20*time.Second, "A's outcome in its log", func() bool {
 		return snapLogHas(a, `"msg":"snapshot stale"`, viewer) || snapLogHas(a, `"msg":"snapshot published"`, viewer)
 	})
 	if snapLogHas(a, `"msg":"snapshot published"`, viewer) {

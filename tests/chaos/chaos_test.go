@@ -26,7 +26,6 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/bench"
-	"github.com/buzzpg/buzzpg/internal/db"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
@@ -85,12 +84,11 @@ func TestChaosSoak(t *testing.T) {
 
 	// PostgreSQL: a second private cluster, migrated, with the soak's own logical slot (test_decoding)
 	// created before any relay starts: it records every due signal that is ever committed.
-	cl := startCluster(t, runDir)
-	if err := db.MigrateUp(cl.url, nil); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
+	cl := testenv.PrivateCluster(t, "chaos")
+	cl.KeepIfFailed = os.Getenv("BUZZ_CHAOS_KEEP") != ""
+	dbURL := cl.MigratedURL(t)
 	ctx := context.Background()
-	admin := connect(t, cl.url)
+	admin := connect(t, dbURL)
 	if _, err := admin.Exec(ctx, `SELECT pg_create_logical_replication_slot('chaos_observer', 'test_decoding')`); err != nil {
 		t.Fatalf("observer slot: %v", err)
 	}
@@ -103,7 +101,7 @@ func TestChaosSoak(t *testing.T) {
 		"BUZZ_REMINDER_LEASE=3s", "BUZZ_SHUTDOWN_GRACE=5s", "BUZZ_AUTO_MIGRATE=true",
 	}
 	logf("relay env: %s", strings.Join(env, " "))
-	fl := newFleet(t, 3, testenv.Binary(t), cl.url, relaySK, runDir, env, logf)
+	fl := newFleet(t, 3, testenv.Binary(t), dbURL, relaySK, runDir, env, logf)
 	for i := 0; i < 3; i++ {
 		if err := fl.start(i); err != nil {
 			t.Fatal(err)
@@ -181,7 +179,7 @@ func TestChaosSoak(t *testing.T) {
 			if !pgDone && now.After(pgAt) {
 				pgDone = true
 				note("PostgreSQL immediate restart: begin")
-				if err := cl.restart(); err != nil {
+				if err := cl.Restart(); err != nil {
 					t.Errorf("%v", err)
 				}
 				note("PostgreSQL immediate restart: up again")
@@ -248,7 +246,7 @@ func TestChaosSoak(t *testing.T) {
 		from = t
 	}
 	deadline := from.Add(quiescenceBound)
-	conn := connect(t, cl.url)
+	conn := connect(t, dbURL)
 	defer conn.Close(ctx)
 	var lagZeroAt time.Time
 	var lastLag string

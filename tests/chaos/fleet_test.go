@@ -4,64 +4,13 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/buzzpg/buzzpg/internal/bench"
-	"github.com/buzzpg/buzzpg/internal/testenv"
 )
-
-// cluster is the soak's own PostgreSQL (a second private cluster: the soak restarts it, and other
-// test packages on the shared cluster must not see that).
-type cluster struct {
-	dir  string // BUZZ_PGDATA
-	port int
-	url  string
-}
-
-func pgScript(c *cluster, args ...string) ([]byte, error) {
-	cmd := exec.Command(filepath.Join(testenv.RepoRoot(), "scripts", "pg.sh"), args...)
-	cmd.Env = append(os.Environ(), "BUZZ_PGDATA="+c.dir, fmt.Sprintf("BUZZ_PGPORT=%d", c.port), "BUZZ_PGDATABASE=buzzpg")
-	return cmd.CombinedOutput()
-}
-
-func startCluster(t *testing.T, runDir string) *cluster {
-	t.Helper()
-	c := &cluster{dir: filepath.Join(runDir, "pg"), port: freePort(t)}
-	if out, err := pgScript(c, "start"); err != nil {
-		t.Skipf("chaos: cannot start a private PostgreSQL cluster (scripts/pg.sh start): %v\n%s", err, out)
-	}
-	out, err := pgScript(c, "url")
-	if err != nil {
-		t.Fatalf("pg.sh url: %v %s", err, out)
-	}
-	c.url = strings.TrimSpace(string(out))
-	t.Cleanup(func() {
-		real, _ := filepath.EvalSymlinks(c.dir)
-		_, _ = pgScript(c, "stop")
-		if !t.Failed() || os.Getenv("BUZZ_CHAOS_KEEP") == "" {
-			if real != "" {
-				_ = os.RemoveAll(real)
-			}
-			_ = os.RemoveAll(c.dir)
-		}
-	})
-	return c
-}
-
-// restart is the immediate PostgreSQL restart (pg_ctl -m immediate stop; start).
-func (c *cluster) restart() error {
-	out, err := pgScript(c, "restart")
-	if err != nil {
-		return fmt.Errorf("pg.sh restart: %v: %s", err, out)
-	}
-	return nil
-}
 
 func freePort(t *testing.T) int {
 	t.Helper()

@@ -1,0 +1,44 @@
+package tests
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync/atomic"
+	"testing"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+// Helpers of the multi-process fan-out tests (prefix fan); the WebSocket client is testenv.Client.
+
+type fanUser struct{ sk, pk string }
+
+func newFanUser() fanUser { sk, pk := testenv.NewKey(); return fanUser{sk, pk} }
+
+var fanNonce atomic.Int64
+
+// event signs a new event; a nonce tag keeps events distinct within one second.
+func (u fanUser) event(kind int, content string, tags ...nostr.Tag) *nostr.Event {
+	all := append(nostr.Tags{}, tags...)
+	all = append(all, nostr.Tag{"nonce", fmt.Sprint(fanNonce.Add(1))})
+	ev := &nostr.Event{Kind: kind, CreatedAt: nostr.Now(), Tags: all, Content: content}
+	if err := ev.Sign(u.sk); err != nil {
+		panic(err)
+	}
+	return ev
+}
+
+// fanPsqlAccept stores ev the way an operator does from psql.
+func fanPsqlAccept(t testing.TB, dbURL string, ev *nostr.Event) {
+	t.Helper()
+	b, _ := json.Marshal(ev)
+	pool := testenv.Pool(t, dbURL)
+	var ok bool
+	var msg string
+	if err := pool.QueryRow(context.Background(), `SELECT ok, message FROM buzz.accept_event($1::jsonb)`, string(b)).Scan(&ok, &msg); err != nil || !ok {
+		t.Fatalf("accept_event from SQL: %v %v %q", err, ok, msg)
+	}
+}
