@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/buzzpg/buzzpg/internal/evt"
+	"github.com/buzzpg/buzzpg/internal/metrics"
 )
 
 // FanoutConfig configures the replication tail of one process.
@@ -174,6 +175,7 @@ func (f *Fanout) Run(ctx context.Context) error {
 			bo.reset()
 		}
 		f.log.Warn("fan-out replication stream lost; reconnecting", "err", err, "resume_lsn", f.lastEnd.String())
+		metrics.FanoutReconnects.Inc()
 		if !bo.wait(ctx) {
 			return nil
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/buzzpg/buzzpg/internal/evt"
+	"github.com/buzzpg/buzzpg/internal/metrics"
 )
 
 // fanPluginArgs: pgoutput protocol 1 (PG 15), our publication, and logical messages (ephemeral
@@ -181,6 +182,18 @@ func (f *Fanout) deliver(d evt.Delivery) {
 	}
 	f.sink.Deliver(d)
 	f.delivered.Add(1)
+	metrics.FanoutDelivered.WithLabelValues(deliverySource(d)).Inc()
+}
+
+// deliverySource labels a delivery for /metrics.
+func deliverySource(d evt.Delivery) string {
+	switch {
+	case d.Due:
+		return "due"
+	case d.Event.Kind >= 20000 && d.Event.Kind < 30000:
+		return "ephemeral"
+	}
+	return "insert"
 }
 
 // ensureSlot creates this instance's slot when it is missing: on first start, and when a reaper

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/buzzpg/buzzpg/internal/evt"
+	"github.com/buzzpg/buzzpg/internal/metrics"
 )
 
 // Deliver fans one event out to every matching live subscription this process holds, after the
@@ -79,6 +80,9 @@ func (c *conn) deliver(d evt.Delivery, js []byte) {
 		if !ok {
 			c.overflow()
 			return
+		}
+		if d.Due {
+			metrics.ReminderDueDelivered.Inc()
 		}
 	}
 }

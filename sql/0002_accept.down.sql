@@ -20,7 +20,6 @@ DROP FUNCTION IF EXISTS buzz.now_unix();
 DROP FUNCTION IF EXISTS buzz.is_hex64(text);
 DROP FUNCTION IF EXISTS buzz.event_tagvals(jsonb);
 DROP FUNCTION IF EXISTS buzz.tag_values(jsonb, text);
-DROP FUNCTION IF EXISTS buzz.tag_first(jsonb, text);
 DROP FUNCTION IF EXISTS buzz.is_human_visible(integer);
 DROP FUNCTION IF EXISTS buzz.kind_class(integer);
 DROP FUNCTION IF EXISTS buzz.cfg(text);

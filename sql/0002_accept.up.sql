@@ -32,13 +32,6 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT kind IN (9, 40002, 45001, 4500
 COMMENT ON FUNCTION buzz.is_human_visible(integer) IS
   'Kinds that count as human-visible DM activity and resurface a DM for participants who hid it.';
 
-CREATE FUNCTION buzz.tag_first(tags jsonb, name text) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-  SELECT t->>1 FROM jsonb_array_elements(tags) WITH ORDINALITY AS x(t, n)
-  WHERE t->>0 = name AND jsonb_array_length(t) >= 2 ORDER BY n LIMIT 1
-$$;
-COMMENT ON FUNCTION buzz.tag_first(jsonb, text) IS 'Value of the first tag named name, or NULL.';
-
 CREATE FUNCTION buzz.tag_values(tags jsonb, name text) RETURNS text[]
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
   SELECT coalesce(array_agg(t->>1 ORDER BY n), '{}') FROM jsonb_array_elements(tags) WITH ORDINALITY AS x(t, n)

@@ -153,10 +153,14 @@ func TestHealthReadyAndMetrics(t *testing.T) {
 	if err := c.Publish(ctx, *u.Event(t, 1, nil, "metrics")); err != nil {
 		t.Fatal(err)
 	}
-	code, body := get(t, r.HTTPURL+"/metrics")
-	if code != 200 {
-		t.Fatalf("/metrics %d", code)
-	}
+	// The relay hears its own event back through the replication stream; wait for that count.
+	fanned := regexp.MustCompile(`(?m)^buzz_fanout_events_total\{source="insert"\} [1-9]`)
+	var code int
+	var body string
+	testenv.WaitUntil(t, 10*time.Second, "fan-out counter", func() bool {
+		code, body = get(t, r.HTTPURL+"/metrics")
+		return code == 200 && fanned.MatchString(body)
+	})
 	// Sample lines (not HELP/TYPE comments) that must be present.
 	for _, want := range []string{
 		`(?m)^buzz_events_total\{verdict="accepted"\} [1-9]`,
