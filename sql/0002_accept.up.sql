@@ -293,6 +293,7 @@ DECLARE
 BEGIN
   FOREACH target IN ARRAY buzz.tag_values(p_tags, 'e') LOOP
     CONTINUE WHEN NOT buzz.is_hex64(target);
+    PERFORM pg_advisory_xact_lock(hashtextextended('event:' || target, 0));  -- see accept_event
     DELETE FROM buzz.events WHERE id = target AND pubkey = author AND kind <> 5;
     UPDATE buzz.reminders SET state = 'cancelled', cancelled_at = now(), lease_until = NULL
      WHERE id = target AND pubkey = author AND state IN ('armed', 'claimed');
@@ -416,6 +417,10 @@ BEGIN
   END IF;
 
   -- Idempotent by id.
+  -- Serialise with a concurrent NIP-09 deletion of this id (apply_deletion takes the same lock):
+  -- its DELETE cannot see our uncommitted row, so without the lock both could commit and leave a
+  -- deleted event stored.
+  PERFORM pg_advisory_xact_lock(hashtextextended('event:' || e_id, 0));
   SELECT EXISTS (SELECT 1 FROM buzz.events WHERE id = e_id),
          EXISTS (SELECT 1 FROM buzz.deleted_ids WHERE id = e_id AND pubkey = e_pubkey)
     INTO is_dup, is_deleted;

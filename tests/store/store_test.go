@@ -321,3 +321,42 @@ func TestReadScopes(t *testing.T) {
 		t.Fatalf("deletion of a gated event has scope %q", scope(del.ID))
 	}
 }
+
+// An event and its deletion committing at the same time: whichever commits first, the event
+// does not stay stored. Both orders, on two connections.
+func TestDeletionRacesPublication(t *testing.T) {
+	e := newEnv(t)
+	for _, order := range []string{"event-first", "deletion-first"} {
+		u := testenv.NewUser()
+		ev := u.Event(t, 1, nil, "racing "+order)
+		del := u.Event(t, 5, nostr.Tags{{"e", ev.ID}}, "")
+		first, second := ev, del
+		if order == "deletion-first" {
+			first, second = del, ev
+		}
+		s1, s2 := testenv.NewSession(t, e.url, "first"), testenv.NewSession(t, e.url, "second")
+		s1.Begin()
+		s1.MustAccept(first)
+		s2.Begin()
+		var ok2 bool
+		var msg2 string
+		var err2 error
+		done := testenv.Async(func() { ok2, msg2, err2 = s2.Accept(second) })
+		blocked := testenv.WaitBlockedOrDone(t, e.pool, s2.PID, done)
+		s1.Commit()
+		<-done
+		if err2 != nil {
+			t.Fatal(err2)
+		}
+		s2.Commit()
+		if !blocked {
+			t.Errorf("%s: the second transaction did not wait for the first", order)
+		}
+		if e.stored(ev.ID) {
+			t.Fatalf("%s: the deleted event is stored (second: %v %q)", order, ok2, msg2)
+		}
+		if order == "deletion-first" && (ok2 || msg2 != "blocked: deleted") {
+			t.Fatalf("publishing a deleted id: %v %q", ok2, msg2)
+		}
+	}
+}
