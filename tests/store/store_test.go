@@ -54,6 +54,27 @@ func (e *env) heads(kind int, pubkey, d string) []string {
 	return ids
 }
 
+// race accepts first in an open transaction on one connection, then second on another, waits
+// until the second blocks on a lock (or finishes), commits the first, then the second. It returns
+// the second's verdict and whether it had to wait.
+func (e *env) race(first, second *nostr.Event) (ok2 bool, msg2 string, blocked bool) {
+	e.t.Helper()
+	s1, s2 := testenv.NewSession(e.t, e.url, "first"), testenv.NewSession(e.t, e.url, "second")
+	s1.Begin()
+	s1.MustAccept(first)
+	s2.Begin()
+	var err2 error
+	done := testenv.Async(func() { ok2, msg2, err2 = s2.Accept(second) })
+	blocked = testenv.WaitBlockedOrDone(e.t, e.pool, s2.PID, done)
+	s1.Commit()
+	<-done
+	if err2 != nil {
+		e.t.Fatal(err2)
+	}
+	s2.Commit()
+	return ok2, msg2, blocked
+}
+
 func expect(t *testing.T, ok bool, msg string, wantOK bool, prefix string) {
 	t.Helper()
 	if ok != wantOK || !strings.HasPrefix(msg, prefix) {
@@ -164,23 +185,10 @@ func TestReplaceableRaceTwoConnections(t *testing.T) {
 		if order == "loser-first" {
 			first, second = high, low
 		}
-		s1, s2 := testenv.NewSession(t, e.url, "w1"), testenv.NewSession(t, e.url, "w2")
-		s1.Begin()
-		s1.MustAccept(first)
-		s2.Begin()
-		var ok2 bool
-		var msg2 string
-		var err2 error
-		done := testenv.Async(func() { ok2, msg2, err2 = s2.Accept(second) })
-		if !testenv.WaitBlockedOrDone(t, e.pool, s2.PID, done) {
+		ok2, msg2, blocked := e.race(first, second)
+		if !blocked {
 			t.Fatalf("%s: the second writer did not wait for the first", order)
 		}
-		s1.Commit()
-		<-done
-		if err2 != nil {
-			t.Fatal(err2)
-		}
-		s2.Commit()
 		if order == "winner-first" && (ok2 || msg2 != "duplicate: have newer") {
 			t.Fatalf("loser after winner: %v %q", ok2, msg2)
 		}
@@ -334,21 +342,7 @@ func TestDeletionRacesPublication(t *testing.T) {
 		if order == "deletion-first" {
 			first, second = del, ev
 		}
-		s1, s2 := testenv.NewSession(t, e.url, "first"), testenv.NewSession(t, e.url, "second")
-		s1.Begin()
-		s1.MustAccept(first)
-		s2.Begin()
-		var ok2 bool
-		var msg2 string
-		var err2 error
-		done := testenv.Async(func() { ok2, msg2, err2 = s2.Accept(second) })
-		blocked := testenv.WaitBlockedOrDone(t, e.pool, s2.PID, done)
-		s1.Commit()
-		<-done
-		if err2 != nil {
-			t.Fatal(err2)
-		}
-		s2.Commit()
+		ok2, msg2, blocked := e.race(first, second)
 		if !blocked {
 			t.Errorf("%s: the second transaction did not wait for the first", order)
 		}
