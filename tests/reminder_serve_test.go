@@ -51,7 +51,7 @@ func remBulkStore(t testing.TB, pool *pgxpool.Pool, evs []*nostr.Event, nb int64
 		WITH ins AS (
 		  INSERT INTO buzz.events (id, pubkey, created_at, kind, tags, content, sig, d_tag, tagvals, scope)
 		  SELECT e->>'id', e->>'pubkey', (e->>'created_at')::bigint, 30300, e->'tags', e->>'content', e->>'sig',
-		         buzz.tag_first(e->'tags', 'd'), buzz.event_tagvals(e->'tags'), 'a'
+		         (buzz.tag_values(e->'tags', 'd'))[1], buzz.event_tagvals(e->'tags'), 'a'
 		    FROM unnest($1::jsonb[]) AS u(e)
 		  RETURNING id, pubkey, d_tag, created_at)
 		INSERT INTO buzz.reminders (id, pubkey, d_tag, created_at, not_before)

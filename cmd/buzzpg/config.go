@@ -39,6 +39,7 @@ type serveConfig struct {
 	IPReqRate        float64
 	ShutdownGrace    time.Duration
 	DBWait           time.Duration
+	ReminderBatch    int
 }
 
 func envStr(name, def string) string {
@@ -115,6 +116,7 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	fs.Float64Var(&c.IPEventRate, "ip-event-rate", envFloat("BUZZ_IP_EVENT_RATE", 0), "EVENTs per second per client IP, 0 = unlimited (BUZZ_IP_EVENT_RATE)")
 	fs.Float64Var(&c.IPReqRate, "ip-req-rate", envFloat("BUZZ_IP_REQ_RATE", 0), "REQ/COUNT per second per client IP, 0 = unlimited (BUZZ_IP_REQ_RATE)")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", envDur("BUZZ_SHUTDOWN_GRACE", 10*time.Second), "how long graceful shutdown may take (BUZZ_SHUTDOWN_GRACE)")
+	fs.IntVar(&c.ReminderBatch, "reminder-batch", envInt("BUZZ_REMINDER_BATCH", 1000), "reminders claimed and confirmed per transaction (BUZZ_REMINDER_BATCH)")
 	fs.DurationVar(&c.DBWait, "db-wait", envDur("BUZZ_DB_WAIT", 30*time.Second), "how long to wait for PostgreSQL at start, e.g. while it restarts (BUZZ_DB_WAIT)")
 	if err := fs.Parse(args); err != nil {
 		return c, err

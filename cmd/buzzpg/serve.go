@@ -121,6 +121,7 @@ func runServe(args []string) error {
 	scheduler := listener.NewScheduler(listener.SchedulerConfig{
 		InstanceID:  cfg.InstanceID,
 		Lease:       cfg.ReminderLease,
+		BatchSize:   cfg.ReminderBatch,
 		Logger:      log,
 		DatabaseURL: cfg.DatabaseURL,
 	}, lpool)
