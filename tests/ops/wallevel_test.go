@@ -1,0 +1,36 @@
+package ops
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+// A server without wal_level=logical: serve refuses to start and says how to fix it. Runs on a
+// private cluster of this test's own, restarted with wal_level=replica.
+func TestStartupRefusesWalLevelNotLogical(t *testing.T) {
+	c := testenv.PrivateCluster(t, "ops-wal-level")
+	url := c.URL("")
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = conn.Exec(context.Background(), `ALTER SYSTEM SET wal_level = 'replica'`)
+	conn.Close(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	key, _ := testenv.NewKey()
+	out, code := runBinary(t, []string{"DATABASE_URL=" + url, "BUZZ_RELAY_KEY=" + key, "BUZZ_LISTEN=127.0.0.1:0"}, "serve")
+	if code == 0 || !strings.Contains(out, "wal_level is replica") || !strings.Contains(out, "ALTER SYSTEM SET wal_level = logical") {
+		t.Fatalf("exit %d, no clear wal_level error:\n%s", code, out)
+	}
+	t.Logf("serve said: %s", strings.TrimSpace(out[strings.LastIndex(strings.TrimSpace(out), "\n")+1:]))
+}
