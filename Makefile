@@ -16,7 +16,7 @@ DB_URL = $(if $(DATABASE_URL),$(DATABASE_URL),$(PRIVATE_URL))
 TEST_TIMEOUT ?= 14m
 FUZZTIME ?= 5s
 
-.PHONY: all build run test test-short fuzz bench bench-go chaos psql db-start db-stop clean deps vet
+.PHONY: all build run test fuzz bench bench-go chaos psql db-start db-stop clean deps vet
 
 all: build
 
@@ -51,8 +51,6 @@ test: db-start $(TEST_BIN)
 	  $(GO) test -tags '$(TEST_TAGS)' -count=1 -p 2 -timeout $(TEST_TIMEOUT) ./...
 	$(MAKE) --no-print-directory fuzz
 
-test-short: db-start $(TEST_BIN)
-	BUZZ_BIN=$(CURDIR)/$(TEST_BIN) BUZZ_BUILD_TAGS='$(TEST_TAGS)' $(GO) test -tags '$(TEST_TAGS)' -short -count=1 ./...
 
 # Each fuzz target for a few seconds (the committed corpus also runs as plain tests).
 fuzz:

@@ -134,9 +134,6 @@ func BenchmarkReqLatency(b *testing.B) {
 // buzz.events (no sequential scan of the table), public and with the gate for an authenticated
 // connection.
 func TestQueryPlans(t *testing.T) {
-	if testing.Short() {
-		t.Skip("fills 50,000 rows")
-	}
 	dbURL := testenv.FreshDB(t)
 	pool := testenv.Pool(t, dbURL)
 	author := fillEvents(t, pool, 50_000)

@@ -322,9 +322,9 @@ func eventMessage(prefix, eventJSON []byte) []byte {
 	return append(b, ']')
 }
 
-// eventJSON is the canonical JSON of an event (only NIP-01 fields).
-func eventJSON(ev *nostr.Event) []byte {
-	w := newWriter()
+// writeEventHead writes `{"id":…,"pubkey":…,"created_at":…,"kind":…` — the part of an event's
+// JSON that live events and stored rows share.
+func writeEventHead(w *jwriter.Writer, ev *nostr.Event) {
 	w.RawString(`{"id":`)
 	w.String(ev.ID)
 	w.RawString(`,"pubkey":`)
@@ -333,6 +333,12 @@ func eventJSON(ev *nostr.Event) []byte {
 	w.Int64(int64(ev.CreatedAt))
 	w.RawString(`,"kind":`)
 	w.Int(ev.Kind)
+}
+
+// eventJSON is the canonical JSON of an event (only NIP-01 fields).
+func eventJSON(ev *nostr.Event) []byte {
+	w := newWriter()
+	writeEventHead(w, ev)
 	w.RawString(`,"tags":[`)
 	for i, t := range ev.Tags {
 		if i > 0 {

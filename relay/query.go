@@ -27,18 +27,8 @@ func (c *conn) handleReq(subID string, filters []nostr.Filter) {
 	if old != nil {
 		old.close() // a REQ with the same id replaces the old subscription, whatever happens next
 	}
-	if !c.allowReq("REQ") {
-		c.sendClosed(subID, "rate-limited: too many requests, slow down")
-		return
-	}
-
-	cfs, err := c.compileFilters(filters)
-	if err != nil {
-		c.sendClosed(subID, "invalid: "+err.Error())
-		return
-	}
-	if reason := c.checkGates(cfs); reason != "" {
-		c.sendClosed(subID, reason)
+	cfs, ok := c.admitFilters("REQ", subID, filters)
+	if !ok {
 		return
 	}
 
@@ -233,14 +223,7 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) ([]st
 // storedEventJSON builds an event's JSON from a row; tags come as jsonb text, already JSON.
 func storedEventJSON(ev *nostr.Event, tagsJSON string) []byte {
 	w := newWriter()
-	w.RawString(`{"id":`)
-	w.String(ev.ID)
-	w.RawString(`,"pubkey":`)
-	w.String(ev.PubKey)
-	w.RawString(`,"created_at":`)
-	w.Int64(int64(ev.CreatedAt))
-	w.RawString(`,"kind":`)
-	w.Int(ev.Kind)
+	writeEventHead(w, ev)
 	w.RawString(`,"tags":`)
 	w.RawString(tagsJSON)
 	w.RawString(`,"content":`)
@@ -252,19 +235,29 @@ func storedEventJSON(ev *nostr.Event, tagsJSON string) []byte {
 	return b
 }
 
-// handleCount answers NIP-45 COUNT with the same gates as REQ.
-func (c *conn) handleCount(subID string, filters []nostr.Filter) {
-	if !c.allowReq("COUNT") {
+// admitFilters is what REQ and COUNT both pass before any query: the rate limit, the filter
+// compiler and the read gates. On refusal it has already answered CLOSED.
+func (c *conn) admitFilters(verb, subID string, filters []nostr.Filter) ([]*compiledFilter, bool) {
+	if !c.allowReq(verb) {
 		c.sendClosed(subID, "rate-limited: too many requests, slow down")
-		return
+		return nil, false
 	}
 	cfs, err := c.compileFilters(filters)
 	if err != nil {
 		c.sendClosed(subID, "invalid: "+err.Error())
-		return
+		return nil, false
 	}
 	if reason := c.checkGates(cfs); reason != "" {
 		c.sendClosed(subID, reason)
+		return nil, false
+	}
+	return cfs, true
+}
+
+// handleCount answers NIP-45 COUNT with the same gates as REQ.
+func (c *conn) handleCount(subID string, filters []nostr.Filter) {
+	cfs, ok := c.admitFilters("COUNT", subID, filters)
+	if !ok {
 		return
 	}
 	if !c.acquireQuery(c.ctx) {

@@ -36,9 +36,6 @@ const (
 )
 
 func TestChaosSoak(t *testing.T) {
-	if testing.Short() {
-		t.Skip("chaos soak skipped in -short mode")
-	}
 	dur := 60 * time.Second
 	if v := os.Getenv("BUZZ_CHAOS_DURATION"); v != "" {
 		d, err := time.ParseDuration(v)
