@@ -1,22 +1,20 @@
 package testenv
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/bench"
 )
 
 var (
@@ -73,25 +71,19 @@ type RelayOpts struct {
 	RelayKey    string // hex secret key; shared by all processes of a deployment
 	InstanceID  string // default: random
 	Env         map[string]string
-	Args        []string // extra serve flags
 	HookDir     string   // for cross-process hooks (BUZZ_HOOK_DIR)
 	Hooks       []string // hook names to arm (BUZZ_HOOKS)
-	NoWaitReady bool     // return once listening, before /readyz is 200
 }
 
-// Relay is a running `buzzpg serve` process.
+// Relay is a running `buzzpg serve` process, started by the same launcher `buzzpg bench` and the
+// chaos soak use (internal/bench), with the test's cleanup and log dump around it.
 type Relay struct {
-	URL        string // ws://127.0.0.1:port
-	HTTPURL    string // http://127.0.0.1:port
+	*bench.Proc
 	InstanceID string
-	Cmd        *exec.Cmd
 	LogPath    string
-	done       chan struct{}
-	exitErr    error
-	t          testing.TB
 }
 
-// StartRelay starts `buzzpg serve` on a free loopback port and waits until it is ready.
+// StartRelay starts `buzzpg serve` on a free loopback port and waits until /readyz answers 200.
 func StartRelay(t testing.TB, o RelayOpts) *Relay {
 	t.Helper()
 	if o.DatabaseURL == "" {
@@ -103,63 +95,23 @@ func StartRelay(t testing.TB, o RelayOpts) *Relay {
 	if o.InstanceID == "" {
 		o.InstanceID = fmt.Sprintf("t%d", time.Now().UnixNano()%1e12)
 	}
-	logPath := filepath.Join(t.TempDir(), "buzzpg-"+o.InstanceID+".log")
-	args := append([]string{"serve"}, o.Args...)
-	cmd := exec.Command(Binary(t), args...)
-	env := append(os.Environ(),
-		"DATABASE_URL="+o.DatabaseURL,
-		"BUZZ_LISTEN=127.0.0.1:0",
-		"BUZZ_RELAY_KEY="+o.RelayKey,
-		"BUZZ_RELAY_KEY_FILE=",
-		"BUZZ_INSTANCE_ID="+o.InstanceID,
-		"BUZZ_LOG_FORMAT=json",
-		"BUZZ_LOG_LEVEL=debug",
-	)
+	var env []string
 	if o.HookDir != "" {
 		env = append(env, "BUZZ_HOOK_DIR="+o.HookDir, "BUZZ_HOOKS="+strings.Join(o.Hooks, ","))
 	}
 	for k, v := range o.Env {
 		env = append(env, k+"="+v)
 	}
-	cmd.Env = env
-	logf, err := os.Create(logPath)
+	logPath := filepath.Join(t.TempDir(), "buzzpg-"+o.InstanceID+".log")
+	p, err := bench.StartServe(bench.ProcOpts{
+		Bin: Binary(t), DatabaseURL: o.DatabaseURL, RelayKey: o.RelayKey, InstanceID: o.InstanceID,
+		Env: env, LogPath: logPath, LogLevel: "debug",
+	}, 60*time.Second)
 	if err != nil {
-		t.Fatal(err)
+		b, _ := os.ReadFile(logPath)
+		t.Fatalf("%v\n%s", err, b)
 	}
-	pr, pw := io.Pipe()
-	cmd.Stderr = io.MultiWriter(logf, pw)
-	cmd.Stdout = logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	r := &Relay{InstanceID: o.InstanceID, Cmd: cmd, LogPath: logPath, done: make(chan struct{}), t: t}
-	go func() {
-		r.exitErr = cmd.Wait()
-		pw.Close()
-		logf.Close()
-		close(r.done)
-	}()
-	addrc := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(pr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		sent := false
-		for sc.Scan() {
-			if sent {
-				continue
-			}
-			var line struct {
-				Msg  string `json:"msg"`
-				Addr string `json:"addr"`
-			}
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "listening" && line.Addr != "" {
-				addrc <- line.Addr
-				sent = true
-			}
-		}
-		io.Copy(io.Discard, pr)
-	}()
+	r := &Relay{Proc: p, InstanceID: o.InstanceID, LogPath: logPath}
 	t.Cleanup(func() {
 		r.Stop()
 		if t.Failed() {
@@ -170,69 +122,21 @@ func StartRelay(t testing.TB, o RelayOpts) *Relay {
 			t.Logf("buzzpg %s log (tail):\n%s", o.InstanceID, b)
 		}
 	})
-	select {
-	case addr := <-addrc:
-		r.URL = "ws://" + addr
-		r.HTTPURL = "http://" + addr
-	case <-r.done:
-		b, _ := os.ReadFile(logPath)
-		t.Fatalf("buzzpg serve exited before listening: %v\n%s", r.exitErr, b)
-	case <-time.After(60 * time.Second):
-		b, _ := os.ReadFile(logPath)
-		t.Fatalf("buzzpg serve did not start listening within 60s\n%s", b)
-	}
-	if !o.NoWaitReady {
-		r.WaitReady(t, 60*time.Second)
-	}
 	return r
 }
 
-// WaitReady polls /readyz until it answers 200.
-func (r *Relay) WaitReady(t testing.TB, timeout time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		resp, err := http.Get(r.HTTPURL + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return
-			}
-		}
-		select {
-		case <-r.done:
-			t.Fatalf("buzzpg %s exited: %v", r.InstanceID, r.exitErr)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	t.Fatalf("buzzpg %s not ready within %s", r.InstanceID, timeout)
-}
-
-// Kill sends SIGKILL (a crash) and waits for the process to go.
-func (r *Relay) Kill() {
-	if r.Cmd.Process != nil {
-		_ = syscall.Kill(-r.Cmd.Process.Pid, syscall.SIGKILL)
-	}
-	<-r.done
-}
-
 // Stop sends SIGTERM (graceful shutdown) and waits up to 30s, then kills.
-func (r *Relay) Stop() {
-	select {
-	case <-r.done:
-		return
-	default:
-	}
-	_ = r.Cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-r.done:
-	case <-time.After(30 * time.Second):
-		r.Kill()
-	}
-}
+func (r *Relay) Stop() { r.Proc.Stop(30 * time.Second) }
 
-// Done is closed when the process has exited.
-func (r *Relay) Done() <-chan struct{} { return r.done }
+// ExitCode is the process's exit code once it has ended (-1 for a signal).
+func (r *Relay) ExitCode() int {
+	<-r.Done()
+	var ee *exec.ExitError
+	if errors.As(r.ExitErr(), &ee) {
+		return ee.ExitCode()
+	}
+	return 0
+}
 
 // Log returns what the process logged so far.
 func (r *Relay) Log() string { b, _ := os.ReadFile(r.LogPath); return string(b) }

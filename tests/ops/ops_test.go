@@ -193,7 +193,7 @@ func TestGracefulShutdownDropsSlot(t *testing.T) {
 		t.Fatal("no slot while running")
 	}
 	r.Stop()
-	if code := r.Cmd.ProcessState.ExitCode(); code != 0 {
+	if code := r.ExitCode(); code != 0 {
 		t.Fatalf("exit code %d after SIGTERM", code)
 	}
 	if slots() != 0 {
