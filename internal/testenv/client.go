@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"bytes"
 	"encoding/json"
 	"sync"
 	"testing"
@@ -89,18 +90,24 @@ func (c *Client) read() {
 			return
 		}
 		var msg []json.RawMessage
-		if json.Unmarshal(data, &msg) != nil || len(msg) < 2 {
-			continue
-		}
 		var verb, arg string
-		_ = json.Unmarshal(msg[0], &verb)
-		_ = json.Unmarshal(msg[1], &arg) // challenge, event id or subscription id
 		var ev *nostr.Event
-		if verb == "EVENT" && len(msg) >= 3 {
-			ev = &nostr.Event{}
-			if ev.UnmarshalJSON(msg[2]) != nil {
+		if bytes.HasPrefix(data, []byte(`["EVENT",`)) {
+			// The bulk of what a subscriber reads: one pass with go-nostr's envelope decoder
+			// instead of a generic array decode followed by the event's own.
+			var env nostr.EventEnvelope
+			if env.UnmarshalJSON(data) != nil || env.SubscriptionID == nil {
 				continue
 			}
+			verb, arg, ev = "EVENT", *env.SubscriptionID, &env.Event
+		} else {
+			if json.Unmarshal(data, &msg) != nil || len(msg) < 2 {
+				continue
+			}
+			_ = json.Unmarshal(msg[0], &verb)
+			_ = json.Unmarshal(msg[1], &arg) // challenge, event id or subscription id
+		}
+		if ev != nil {
 			if c.strict {
 				if ok, _ := ev.CheckSignature(); !ok {
 					c.t.Errorf("event %s from %s has a bad signature", ev.ID, c.URL)
