@@ -40,6 +40,7 @@ type serveConfig struct {
 	ShutdownGrace    time.Duration
 	DBWait           time.Duration
 	ReminderBatch    int
+	DebugListen      string
 }
 
 func envStr(name, def string) string {
@@ -117,6 +118,7 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	fs.Float64Var(&c.IPReqRate, "ip-req-rate", envFloat("BUZZ_IP_REQ_RATE", 0), "REQ/COUNT per second per client IP, 0 = unlimited (BUZZ_IP_REQ_RATE)")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", envDur("BUZZ_SHUTDOWN_GRACE", 10*time.Second), "how long graceful shutdown may take (BUZZ_SHUTDOWN_GRACE)")
 	fs.IntVar(&c.ReminderBatch, "reminder-batch", envInt("BUZZ_REMINDER_BATCH", 1000), "reminders claimed and confirmed per transaction (BUZZ_REMINDER_BATCH)")
+	fs.StringVar(&c.DebugListen, "debug-listen", envStr("BUZZ_DEBUG_LISTEN", ""), "address for Go's /debug/pprof profiles, off when empty; keep it private (BUZZ_DEBUG_LISTEN)")
 	fs.DurationVar(&c.DBWait, "db-wait", envDur("BUZZ_DB_WAIT", 30*time.Second), "how long to wait for PostgreSQL at start, e.g. while it restarts (BUZZ_DB_WAIT)")
 	if err := fs.Parse(args); err != nil {
 		return c, err

@@ -126,6 +126,7 @@ func runServe(args []string) error {
 		DatabaseURL: cfg.DatabaseURL,
 	}, lpool)
 
+	serveDebug(cfg.DebugListen, log)
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
