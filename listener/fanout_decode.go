@@ -1,11 +1,11 @@
 package listener
 
 import (
-	"encoding/json"
 	"fmt"
 	"strconv"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/mailru/easyjson/jlexer"
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/evt"
@@ -83,11 +83,8 @@ func fanDecodeRow(r *pgRelation, t *pglogrepl.TupleData) (evt.Delivery, error) {
 	if s, err = need("tags"); err != nil {
 		return evt.Delivery{}, err
 	}
-	if err := json.Unmarshal([]byte(s), &ev.Tags); err != nil {
+	if ev.Tags, err = decodeTags([]byte(s)); err != nil {
 		return evt.Delivery{}, fmt.Errorf("tags of %s: %w", ev.ID, err)
-	}
-	if ev.Tags == nil {
-		ev.Tags = nostr.Tags{}
 	}
 	scope := evt.Scope{Kind: evt.ScopePublic}
 	if s, ok := get("scope"); ok && len(s) == 1 {
@@ -102,48 +99,160 @@ func fanDecodeRow(r *pgRelation, t *pglogrepl.TupleData) (evt.Delivery, error) {
 //
 //	{"t":"eph","ev":{...},"scope":"*","scope_p":null,"channel_id":null}
 //	{"t":"due","ev":{...the 30300 event...},"stamp":123,"scope":"a"}
+//	{"t":"dues","scope":"a","items":[{"ev":{...},"stamp":123}, ...]}   (one per confirmed batch)
 type fanMessage struct {
-	T         string       `json:"t"`
-	Ev        *nostr.Event `json:"ev"`
-	Scope     string       `json:"scope"`
-	ScopeP    *string      `json:"scope_p"`
-	ChannelID *string      `json:"channel_id"`
-	Stamp     int64        `json:"stamp"`
+	T         string
+	Ev        *nostr.Event
+	Scope     string
+	ScopeP    *string
+	ChannelID *string
+	Stamp     int64
+	Items     []dueItem
 }
 
-// fanDecodeMessage turns a 'buzz' logical message into a Delivery. ok is false for message types
-// this version does not know (a newer process may emit more): they are skipped, not fatal.
-func fanDecodeMessage(content []byte) (d evt.Delivery, ok bool, err error) {
+type dueItem struct {
+	Ev    *nostr.Event
+	Stamp int64
+}
+
+// fanDecodeMessage turns a 'buzz' logical message into its deliveries. ok is false for message
+// types this version does not know (a newer process may emit more): they are skipped, not fatal.
+func fanDecodeMessage(content []byte) (ds []evt.Delivery, ok bool, err error) {
 	var m fanMessage
-	if err := json.Unmarshal(content, &m); err != nil {
-		return d, false, fmt.Errorf("buzz message: %w", err)
+	if err := m.decode(content); err != nil {
+		return nil, false, fmt.Errorf("buzz message: %w", err)
 	}
-	if m.Ev == nil {
-		return d, false, fmt.Errorf("buzz message %q without ev", m.T)
-	}
-	if m.Ev.Tags == nil {
-		m.Ev.Tags = nostr.Tags{}
-	}
-	scope := evt.Scope{Kind: evt.ScopePublic}
-	if len(m.Scope) == 1 {
-		scope.Kind = evt.ScopeKind(m.Scope[0])
-	}
-	if m.ScopeP != nil {
-		scope.P = *m.ScopeP
-	}
-	if m.ChannelID != nil {
-		scope.Channel = *m.ChannelID
-	}
+	// Due signals are author-only (PROTOCOL.md) whatever scope the emitter wrote.
+	author := evt.Scope{Kind: evt.ScopeAuthor}
 	switch m.T {
-	case "eph":
-		return evt.Delivery{Event: m.Ev, Scope: scope}, true, nil
-	case "due":
-		if len(m.Scope) != 1 {
-			scope.Kind = evt.ScopeAuthor // reminders are author-only whatever the emitter forgot
+	case "eph", "due":
+		if m.Ev == nil {
+			return nil, false, fmt.Errorf("buzz message %q without ev", m.T)
 		}
-		return evt.Delivery{Event: m.Ev, Scope: scope, Due: true, Stamp: m.Stamp}, true, nil
+		if m.T == "due" {
+			return []evt.Delivery{{Event: m.Ev, Scope: author, Due: true, Stamp: m.Stamp}}, true, nil
+		}
+		scope := evt.Scope{Kind: evt.ScopePublic}
+		if len(m.Scope) == 1 {
+			scope.Kind = evt.ScopeKind(m.Scope[0])
+		}
+		if m.ScopeP != nil {
+			scope.P = *m.ScopeP
+		}
+		if m.ChannelID != nil {
+			scope.Channel = *m.ChannelID
+		}
+		return []evt.Delivery{{Event: m.Ev, Scope: scope}}, true, nil
+	case "dues":
+		ds = make([]evt.Delivery, 0, len(m.Items))
+		for i, it := range m.Items {
+			if it.Ev == nil {
+				return nil, false, fmt.Errorf("buzz message \"dues\": item %d without ev", i)
+			}
+			ds = append(ds, evt.Delivery{Event: it.Ev, Scope: author, Due: true, Stamp: it.Stamp})
+		}
+		return ds, true, nil
 	}
-	return d, false, nil
+	return nil, false, nil
+}
+
+// decode parses the payload in one pass. encoding/json would validate the whole payload and then
+// hand the event to its easyjson decoder, which parses it again; every process decodes every
+// message, so this is on the fan-out hot path.
+func (m *fanMessage) decode(data []byte) error {
+	l := jlexer.Lexer{Data: data}
+	l.Delim('{')
+	for !l.IsDelim('}') && l.Ok() {
+		key := l.UnsafeFieldName(false)
+		l.WantColon()
+		if l.IsNull() {
+			l.Skip()
+			l.WantComma()
+			continue
+		}
+		switch key {
+		case "t":
+			m.T = l.String()
+		case "ev":
+			m.Ev = decodeEvent(&l)
+		case "scope":
+			m.Scope = l.String()
+		case "scope_p":
+			v := l.String()
+			m.ScopeP = &v
+		case "channel_id":
+			v := l.String()
+			m.ChannelID = &v
+		case "stamp":
+			m.Stamp = l.Int64()
+		case "items":
+			l.Delim('[')
+			for !l.IsDelim(']') && l.Ok() {
+				m.Items = append(m.Items, decodeDueItem(&l))
+				l.WantComma()
+			}
+			l.Delim(']')
+		default:
+			l.SkipRecursive()
+		}
+		l.WantComma()
+	}
+	l.Delim('}')
+	l.Consumed()
+	return l.Error()
+}
+
+func decodeDueItem(l *jlexer.Lexer) (it dueItem) {
+	l.Delim('{')
+	for !l.IsDelim('}') && l.Ok() {
+		key := l.UnsafeFieldName(false)
+		l.WantColon()
+		switch {
+		case l.IsNull():
+			l.Skip()
+		case key == "ev":
+			it.Ev = decodeEvent(l)
+		case key == "stamp":
+			it.Stamp = l.Int64()
+		default:
+			l.SkipRecursive()
+		}
+		l.WantComma()
+	}
+	l.Delim('}')
+	return it
+}
+
+// decodeEvent reads a nostr event object; tags are never nil, so the event serialises as it was
+// signed.
+func decodeEvent(l *jlexer.Lexer) *nostr.Event {
+	ev := &nostr.Event{}
+	ev.UnmarshalEasyJSON(l)
+	if ev.Tags == nil {
+		ev.Tags = nostr.Tags{}
+	}
+	return ev
+}
+
+// decodeTags parses a stored tags array (jsonb text: an array of arrays of strings); never nil.
+func decodeTags(data []byte) (nostr.Tags, error) {
+	l := jlexer.Lexer{Data: data}
+	tags := nostr.Tags{}
+	l.Delim('[')
+	for !l.IsDelim(']') && l.Ok() {
+		tag := nostr.Tag{} // an empty tag stays [] when the event is serialised again (its id covers it)
+		l.Delim('[')
+		for !l.IsDelim(']') && l.Ok() {
+			tag = append(tag, l.String())
+			l.WantComma()
+		}
+		l.Delim(']')
+		tags = append(tags, tag)
+		l.WantComma()
+	}
+	l.Delim(']')
+	l.Consumed()
+	return tags, l.Error()
 }
 
 // fanDedupeKey identifies one delivery: the event id, plus the stamp for a due signal (a reminder

@@ -162,13 +162,15 @@ func (f *Fanout) handle(s *replSession, data []byte) error {
 		if s.skipTxn || (!m.Transactional && m.LSN < f.lastEnd) {
 			return nil
 		}
-		d, ok, err := fanDecodeMessage(m.Content)
+		ds, ok, err := fanDecodeMessage(m.Content)
 		if err != nil {
 			f.log.Error("fan-out cannot decode a buzz message; skipped", "err", err)
 			return nil
 		}
 		if ok {
-			f.deliver(d)
+			for _, d := range ds {
+				f.deliver(d)
+			}
 		}
 	}
 	return nil

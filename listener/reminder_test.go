@@ -81,15 +81,28 @@ func (e *remEnv) dueStamps() map[string][]int64 {
 		if !strings.HasPrefix(data, "message:") || i < 0 {
 			continue
 		}
-		var m struct {
-			T     string `json:"t"`
-			Stamp int64  `json:"stamp"`
+		// One signal ("due") or a confirmed batch of them ("dues").
+		type signal struct {
+			Stamp int64 `json:"stamp"`
 			Ev    struct {
 				ID string `json:"id"`
 			} `json:"ev"`
 		}
-		if json.Unmarshal([]byte(data[i+len("content:"):]), &m) == nil && m.T == "due" {
-			out[m.Ev.ID] = append(out[m.Ev.ID], m.Stamp)
+		var m struct {
+			T     string   `json:"t"`
+			Items []signal `json:"items"`
+			signal
+		}
+		if json.Unmarshal([]byte(data[i+len("content:"):]), &m) != nil {
+			continue
+		}
+		if m.T == "due" {
+			m.Items = []signal{m.signal}
+		} else if m.T != "dues" {
+			continue
+		}
+		for _, it := range m.Items {
+			out[it.Ev.ID] = append(out[it.Ev.ID], it.Stamp)
 		}
 	}
 	return out

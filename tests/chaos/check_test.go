@@ -167,17 +167,29 @@ func readEmissions(ctx context.Context, conn *pgx.Conn) ([]dueEmission, error) {
 		if i < 0 {
 			continue
 		}
-		var m struct {
-			T     string `json:"t"`
-			Stamp int64  `json:"stamp"`
+		// One signal ("due") or a confirmed batch of them ("dues").
+		type signal struct {
+			Stamp int64 `json:"stamp"`
 			Ev    struct {
 				ID string `json:"id"`
 			} `json:"ev"`
 		}
-		if json.Unmarshal([]byte(data[i+len("content:"):]), &m) != nil || m.T != "due" {
+		var m struct {
+			T     string   `json:"t"`
+			Items []signal `json:"items"`
+			signal
+		}
+		if json.Unmarshal([]byte(data[i+len("content:"):]), &m) != nil {
 			continue
 		}
-		out = append(out, dueEmission{m.Ev.ID, m.Stamp})
+		if m.T == "due" {
+			m.Items = []signal{m.signal}
+		} else if m.T != "dues" {
+			continue
+		}
+		for _, it := range m.Items {
+			out = append(out, dueEmission{it.Ev.ID, it.Stamp})
+		}
 	}
 	return out, rows.Err()
 }
