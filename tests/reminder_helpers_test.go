@@ -148,7 +148,8 @@ func remNewSlot(t testing.TB, pool *pgxpool.Pool) *remSlot {
 	return &remSlot{name, pool}
 }
 
-// dueMessages consumes the slot and returns the 'due' payloads emitted since the last call.
+// dueMessages consumes the slot and returns the due signals emitted since the last call, one
+// entry per signal (a batch confirm's "dues" message is split into its items).
 func (s *remSlot) dueMessages(t testing.TB) []map[string]any {
 	t.Helper()
 	rows, err := s.pool.Query(context.Background(), `SELECT data FROM pg_logical_slot_get_changes($1, NULL, NULL)`, s.name)
@@ -171,8 +172,15 @@ func (s *remSlot) dueMessages(t testing.TB) []map[string]any {
 		if i < 0 || json.Unmarshal([]byte(data[i+len("content:"):]), &m) != nil {
 			t.Fatalf("undecodable message %q", data)
 		}
-		if m["t"] == "due" {
+		switch m["t"] {
+		case "due":
 			out = append(out, m)
+		case "dues": // a batch confirm: one entry per signal, shaped like a "due" message
+			items, _ := m["items"].([]any)
+			for _, it := range items {
+				one, _ := it.(map[string]any)
+				out = append(out, map[string]any{"t": "due", "ev": one["ev"], "stamp": one["stamp"], "scope": m["scope"]})
+			}
 		}
 	}
 	if err := rows.Err(); err != nil {

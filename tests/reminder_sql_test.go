@@ -222,6 +222,30 @@ func TestReminderStaleConfirmEmitsNothing(t *testing.T) {
 		evj["pubkey"] != ev.PubKey || evj["content"] != ev.Content || fmt.Sprint(evj["kind"]) != "30300" {
 		t.Fatalf("due message %v does not carry the stored event %s with stamp %d", m, ev.ID, *s2)
 	}
+
+	// The batch form with a current stamp emits exactly one signal, carrying the event; again, none.
+	ev2 := remDue(t, pool)
+	s3 := remClaim(t, pool, ev2)
+	if s3 == nil {
+		t.Fatal("claim of a second due reminder failed")
+	}
+	for round, want := range []int{1, 0} {
+		if err := pool.QueryRow(context.Background(), `SELECT coalesce(array_agg(x), '{}') FROM buzz.confirm_reminder_claims($1, $2) x`,
+			[]string{ev2.ID}, []int64{*s3}).Scan(&ids); err != nil {
+			t.Fatal(err)
+		}
+		if len(ids) != want {
+			t.Fatalf("batch confirm round %d confirmed %v, want %d", round, ids, want)
+		}
+	}
+	msgs = slot.dueMessages(t)
+	if len(msgs) != 1 {
+		t.Fatalf("%d due signals after one batch confirm, want 1: %v", len(msgs), msgs)
+	}
+	evj, _ = msgs[0]["ev"].(map[string]any)
+	if fmt.Sprint(msgs[0]["stamp"]) != fmt.Sprint(*s3) || evj["id"] != ev2.ID || evj["sig"] != ev2.Sig || evj["content"] != ev2.Content {
+		t.Fatalf("batch due signal %v does not carry %s with stamp %d", msgs[0], ev2.ID, *s3)
+	}
 }
 
 // Not due, cancelled, confirmed or expired versions are never claimed.
