@@ -5,6 +5,7 @@ package tests
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -437,4 +438,41 @@ func remFmt(ps []*int64) string {
 		}
 	}
 	return out
+}
+
+// The reminder lookups can use their partial indexes: a predicate that stops matching the
+// queries' state filter would turn every arm and every claim into a scan of the whole history.
+// enable_seqscan=off asks whether the index is usable at all, independent of table size.
+func TestReminderLookupsUsePartialIndexes(t *testing.T) {
+	pool := testenv.Pool(t, testenv.FreshDB(t))
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SET enable_seqscan = off`); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ sql, index string }{
+		{`UPDATE buzz.reminders r SET state = 'cancelled' WHERE r.pubkey = 'a' AND r.d_tag = 'b' AND r.state IN ('armed', 'claimed')`, "reminders_address_idx"},
+		{`UPDATE buzz.reminders SET state = 'cancelled' WHERE pubkey = 'a' AND d_tag = 'b' AND created_at <= 5 AND state IN ('armed', 'claimed')`, "reminders_address_idx"},
+		{`SELECT id FROM buzz.reminders x WHERE x.state = 'armed' AND x.not_before <= 5 ORDER BY x.not_before LIMIT 10`, "reminders_due_idx"},
+		{`SELECT id FROM buzz.reminders x WHERE x.state = 'claimed' AND x.lease_until < now() ORDER BY x.lease_until LIMIT 10`, "reminders_lease_idx"},
+	} {
+		var plan strings.Builder
+		rows, err := conn.Query(ctx, `EXPLAIN `+c.sql)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var line string
+			_ = rows.Scan(&line)
+			plan.WriteString(line + "\n")
+		}
+		rows.Close()
+		if !strings.Contains(plan.String(), c.index) {
+			t.Errorf("%s\ndoes not use %s:\n%s", c.sql, c.index, plan.String())
+		}
+	}
 }
