@@ -63,3 +63,5 @@ LANGUAGE sql STABLE AS $$
                             'tags', e.tags, 'content', e.content, 'sig', e.sig)
     FROM buzz.events e WHERE e.id = p_id
 $$;
+
+ALTER FUNCTION buzz.now_unix() STABLE;

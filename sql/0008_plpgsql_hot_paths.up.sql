@@ -81,3 +81,8 @@ BEGIN
                                     'tags', e.tags, 'content', e.content, 'sig', e.sig)
             FROM buzz.events e WHERE e.id = p_id);
 END $$;
+
+-- now_unix reads clock_timestamp(), which is volatile; declared STABLE, the planner refused to
+-- inline it and every accept_event planned its body again (pg_stat_statements: one plan per
+-- call). VOLATILE is the truth and lets it inline.
+ALTER FUNCTION buzz.now_unix() VOLATILE;
