@@ -77,32 +77,12 @@ func (e *remEnv) dueStamps() map[string][]int64 {
 	for rows.Next() {
 		var data string
 		_ = rows.Scan(&data)
-		i := strings.Index(data, "content:")
-		if !strings.HasPrefix(data, "message:") || i < 0 {
-			continue
+		sigs, err := testenv.DueSignals(data)
+		if err != nil {
+			e.t.Fatal(err)
 		}
-		// One signal ("due") or a confirmed batch of them ("dues").
-		type signal struct {
-			Stamp int64 `json:"stamp"`
-			Ev    struct {
-				ID string `json:"id"`
-			} `json:"ev"`
-		}
-		var m struct {
-			T     string   `json:"t"`
-			Items []signal `json:"items"`
-			signal
-		}
-		if json.Unmarshal([]byte(data[i+len("content:"):]), &m) != nil {
-			continue
-		}
-		if m.T == "due" {
-			m.Items = []signal{m.signal}
-		} else if m.T != "dues" {
-			continue
-		}
-		for _, it := range m.Items {
-			out[it.Ev.ID] = append(out[it.Ev.ID], it.Stamp)
+		for _, sig := range sigs {
+			out[sig.ID()] = append(out[sig.ID()], sig.Stamp)
 		}
 	}
 	return out

@@ -7,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -163,24 +162,12 @@ func (s *remSlot) dueMessages(t testing.TB) []map[string]any {
 		if err := rows.Scan(&data); err != nil {
 			t.Fatal(err)
 		}
-		// test_decoding: "message: transactional: 1 prefix: buzz, sz: N content:{...}"
-		if !strings.HasPrefix(data, "message:") || !strings.Contains(data, "prefix: buzz,") {
-			continue
+		sigs, err := testenv.DueSignals(data)
+		if err != nil {
+			t.Fatal(err)
 		}
-		i := strings.Index(data, "content:")
-		var m map[string]any
-		if i < 0 || json.Unmarshal([]byte(data[i+len("content:"):]), &m) != nil {
-			t.Fatalf("undecodable message %q", data)
-		}
-		switch m["t"] {
-		case "due":
-			out = append(out, m)
-		case "dues": // a batch confirm: one entry per signal, shaped like a "due" message
-			items, _ := m["items"].([]any)
-			for _, it := range items {
-				one, _ := it.(map[string]any)
-				out = append(out, map[string]any{"t": "due", "ev": one["ev"], "stamp": one["stamp"], "scope": m["scope"]})
-			}
+		for _, sig := range sigs {
+			out = append(out, map[string]any{"t": "due", "ev": sig.Event, "stamp": sig.Stamp, "scope": sig.Scope})
 		}
 	}
 	if err := rows.Err(); err != nil {

@@ -6,11 +6,12 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
 // violations collects evidence per check; a check with any entry fails the soak.
@@ -163,32 +164,12 @@ func readEmissions(ctx context.Context, conn *pgx.Conn) ([]dueEmission, error) {
 		if err := rows.Scan(&data); err != nil {
 			return nil, err
 		}
-		i := strings.Index(data, "content:")
-		if i < 0 {
-			continue
+		sigs, err := testenv.DueSignals(data)
+		if err != nil {
+			return nil, err
 		}
-		// One signal ("due") or a confirmed batch of them ("dues").
-		type signal struct {
-			Stamp int64 `json:"stamp"`
-			Ev    struct {
-				ID string `json:"id"`
-			} `json:"ev"`
-		}
-		var m struct {
-			T     string   `json:"t"`
-			Items []signal `json:"items"`
-			signal
-		}
-		if json.Unmarshal([]byte(data[i+len("content:"):]), &m) != nil {
-			continue
-		}
-		if m.T == "due" {
-			m.Items = []signal{m.signal}
-		} else if m.T != "dues" {
-			continue
-		}
-		for _, it := range m.Items {
-			out = append(out, dueEmission{it.Ev.ID, it.Stamp})
+		for _, sig := range sigs {
+			out = append(out, dueEmission{sig.ID(), sig.Stamp})
 		}
 	}
 	return out, rows.Err()
