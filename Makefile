@@ -19,7 +19,7 @@ TEST_TIMEOUT ?= 14m
 # Go 1.27); seen here once in make test. 15,000 inputs take 3-6 s per target on this machine.
 FUZZTIME ?= 15000x
 
-.PHONY: all build run test fuzz bench bench-go chaos psql db-start db-stop clean deps vet
+.PHONY: all build run test fuzz bench bench-go bench-notify chaos psql db-start db-stop clean deps vet
 
 all: build
 
@@ -75,6 +75,12 @@ clean:
 BENCH_JSON ?= bin/bench-results.json
 bench: db-start build
 	$(BIN) bench standard --spawn 2 --fresh --database-url "$(DB_URL)" --json $(BENCH_JSON)
+
+# What the outbox NOTIFY costs acceptance, isolated (pgbench, no relay, no listener): hide and
+# resurface cycles with the trigger enabled and disabled, for NOTIFY_CLIENTS connections each.
+NOTIFY_CLIENTS ?= 2 8 16
+bench-notify: db-start build
+	BUZZ_BIN=$(CURDIR)/$(BIN) scripts/bench-notify.sh $(NOTIFY_CLIENTS)
 
 # Chaos soak on its own second PostgreSQL cluster: CHAOS_DURATION (default 5m) of faults, then the
 # checker. CHAOS_SEED=<n> replays a schedule; CHAOS_KEEP=1 keeps tests/testdata/chaos-*/ logs.
