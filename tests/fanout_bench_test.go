@@ -27,7 +27,8 @@ import (
 // Concurrency: BUZZ_BENCH_WRITERS WebSocket connections on A (default 8) share one paced schedule;
 // events are signed before the clock starts. Rates: BUZZ_BENCH_RATES (default "1000"; e.g.
 // "1000,2000,3000,4000" to find where delivery stops keeping up), each for BUZZ_BENCH_DURATION
-// (default 3s; the figure is 30s).
+// (default 3s; the figure is 30s). BUZZ_BENCH_TRACE=prefix writes every event's latencies
+// to prefix.<rate>.csv.
 //
 //	go test ./tests -run '^$' -bench FanoutCrossProcess -benchtime 1x
 //	BUZZ_BENCH_DURATION=30s BUZZ_BENCH_RATES=1000,2000,3000 go test ./tests -run '^$' -bench FanoutCrossProcess -benchtime 1x -timeout 30m
@@ -65,6 +66,25 @@ func BenchmarkFanoutCrossProcess(b *testing.B) {
 		b.ReportMetric(ms(r.pct["cross"][1]), fmt.Sprintf("cross-p99-ms@%d", rate))
 		b.ReportMetric(ms(r.pct["cross"][2]), fmt.Sprintf("cross-max-ms@%d", rate))
 		b.ReportMetric(ms(r.pct["ok"][1]), fmt.Sprintf("ok-p99-ms@%d", rate))
+	}
+}
+
+// writeFanoutTrace writes one line per event (send offset from the start, then the ok, same and
+// cross latencies in microseconds; -1 when never seen), to find when in a run the tail happens.
+func writeFanoutTrace(b *testing.B, path string, start time.Time, sent []time.Time, lat map[string][]time.Duration) {
+	var sb strings.Builder
+	sb.WriteString("sent_us,ok_us,same_us,cross_us\n")
+	us := func(d time.Duration) int64 {
+		if d == 0 {
+			return -1
+		}
+		return d.Microseconds()
+	}
+	for i, t := range sent {
+		fmt.Fprintf(&sb, "%d,%d,%d,%d\n", t.Sub(start).Microseconds(), us(lat["ok"][i]), us(lat["same"][i]), us(lat["cross"][i]))
+	}
+	if err := os.WriteFile(path, []byte(sb.String()), 0o644); err != nil {
+		b.Errorf("trace: %v", err)
 	}
 }
 
@@ -138,6 +158,9 @@ func runFanoutLoad(b *testing.B, a, bb *testenv.Relay, rate int, dur time.Durati
 	b.StopTimer()
 	mu.Lock()
 	defer mu.Unlock()
+	if path := os.Getenv("BUZZ_BENCH_TRACE"); path != "" {
+		writeFanoutTrace(b, fmt.Sprintf("%s.%d.csv", path, rate), start, sent, lat)
+	}
 	res := loadResult{n: n, sentRate: sentRate, got: map[string]int{}, pct: map[string][3]time.Duration{}}
 	// Per event, what the replication tail adds beyond the commit returning on A.
 	added := make([]time.Duration, 0, n)

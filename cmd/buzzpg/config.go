@@ -30,6 +30,7 @@ type serveConfig struct {
 	QueryTimeout     time.Duration
 	MaxFutureSeconds int64
 	AcceptConns      int
+	AcceptConnsMin   int
 	QueryConns       int
 	EventRate        float64 // EVENTs per second per connection (token bucket), 0 = unlimited
 	EventBurst       int
@@ -109,6 +110,7 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	fs.DurationVar(&c.QueryTimeout, "query-timeout", envDur("BUZZ_QUERY_TIMEOUT", 5*time.Second), "statement_timeout of REQ/COUNT queries (BUZZ_QUERY_TIMEOUT)")
 	fs.Int64Var(&c.MaxFutureSeconds, "max-future-seconds", int64(envInt("BUZZ_MAX_FUTURE_SECONDS", 900)), "how far ahead of now created_at may be (BUZZ_MAX_FUTURE_SECONDS)")
 	fs.IntVar(&c.AcceptConns, "accept-conns", envInt("BUZZ_ACCEPT_CONNS", 16), "PostgreSQL connections for accept_event (BUZZ_ACCEPT_CONNS)")
+	fs.IntVar(&c.AcceptConnsMin, "accept-conns-min", envInt("BUZZ_ACCEPT_CONNS_MIN", 8), "accept_event connections opened and warmed before serving, and kept open (BUZZ_ACCEPT_CONNS_MIN)")
 	fs.IntVar(&c.QueryConns, "query-conns", envInt("BUZZ_QUERY_CONNS", 8), "PostgreSQL connections for REQ/COUNT (BUZZ_QUERY_CONNS)")
 	fs.Float64Var(&c.EventRate, "event-rate", envFloat("BUZZ_EVENT_RATE", 0), "EVENTs per second per connection, 0 = unlimited (BUZZ_EVENT_RATE)")
 	fs.IntVar(&c.EventBurst, "event-burst", envInt("BUZZ_EVENT_BURST", 100), "burst for --event-rate (BUZZ_EVENT_BURST)")

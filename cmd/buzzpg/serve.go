@@ -17,6 +17,7 @@ import (
 
 	"github.com/buzzpg/buzzpg/internal/db"
 	"github.com/buzzpg/buzzpg/internal/metrics"
+	"github.com/buzzpg/buzzpg/internal/store"
 	"github.com/buzzpg/buzzpg/listener"
 	"github.com/buzzpg/buzzpg/relay"
 )
@@ -44,7 +45,11 @@ func runServe(args []string) error {
 			return err
 		}
 	}
-	accept, err := db.NewPool(ctx, cfg.DatabaseURL, "buzzpg-accept:"+cfg.InstanceID, int32(cfg.AcceptConns))
+	var warm []db.PoolOption
+	if !cfg.NoRelay && cfg.AcceptConnsMin > 0 {
+		warm = append(warm, store.WarmAccept(int32(cfg.AcceptConnsMin)))
+	}
+	accept, err := db.NewPool(ctx, cfg.DatabaseURL, "buzzpg-accept:"+cfg.InstanceID, int32(cfg.AcceptConns), warm...)
 	if err != nil {
 		return err
 	}
@@ -67,6 +72,14 @@ func runServe(args []string) error {
 	defer lpool.Close()
 	if err := publishSettings(ctx, accept, pk, cfg); err != nil {
 		return err
+	}
+	if len(warm) > 0 {
+		began := time.Now()
+		n := min(cfg.AcceptConnsMin, cfg.AcceptConns)
+		if err := store.Warm(ctx, accept, n); err != nil {
+			return err
+		}
+		log.Debug("accept connections warmed", "conns", n, "took", time.Since(began))
 	}
 
 	ln, err := net.Listen("tcp", cfg.Listen)

@@ -16,8 +16,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
+// PoolOption adjusts a pool's configuration before it opens (see store.WarmAccept).
+type PoolOption func(*pgxpool.Config)
+
 // NewPool opens a pool whose connections carry appName (e.g. "buzzpg-accept:<instance>").
-func NewPool(ctx context.Context, url, appName string, maxConns int32) (*pgxpool.Pool, error) {
+func NewPool(ctx context.Context, url, appName string, maxConns int32, opts ...PoolOption) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("invalid DATABASE_URL: %w", err)
@@ -30,6 +33,9 @@ func NewPool(ctx context.Context, url, appName string, maxConns int32) (*pgxpool
 	}
 	cfg.MaxConnIdleTime = 5 * time.Minute
 	cfg.HealthCheckPeriod = 15 * time.Second
+	for _, o := range opts {
+		o(cfg)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err

@@ -26,6 +26,8 @@ var sqlstatePrefix = map[string]string{
 	"22003": "invalid: ",
 }
 
+const acceptSQL = `SELECT ok, message FROM buzz.accept_event($1::jsonb)`
+
 // ClientError maps a rejected acceptance to the OK message the client should see. ok is false
 // when err is not a client error (the caller answers "error: ..." and logs it).
 func ClientError(err error) (message string, ok bool) {
@@ -58,7 +60,7 @@ func Accept(ctx context.Context, pool *pgxpool.Pool, ev *nostr.Event) (ok bool, 
 // AcceptJSON is Accept for an already encoded event.
 func AcceptJSON(ctx context.Context, pool *pgxpool.Pool, raw []byte) (ok bool, message string, err error) {
 	err = db.Retry(ctx, func(ctx context.Context) error {
-		return pool.QueryRow(ctx, `SELECT ok, message FROM buzz.accept_event($1::jsonb)`, string(raw)).Scan(&ok, &message)
+		return pool.QueryRow(ctx, acceptSQL, string(raw)).Scan(&ok, &message)
 	})
 	if err != nil {
 		if msg, isClient := ClientError(err); isClient {

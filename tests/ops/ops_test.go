@@ -205,3 +205,36 @@ func TestGracefulShutdownDropsSlot(t *testing.T) {
 		t.Fatal("instance row survived a graceful shutdown")
 	}
 }
+
+// The relay opens and warms BUZZ_ACCEPT_CONNS_MIN acceptance connections before it reports
+// ready: each has run accept_event (rows were inserted) in a transaction that was rolled back
+// (none is stored, none reached a subscriber).
+func TestAcceptConnectionsWarmedBeforeServing(t *testing.T) {
+	url := testenv.FreshDB(t) // its own statistics: nothing else inserts here
+	r := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: url, Env: map[string]string{"BUZZ_ACCEPT_CONNS_MIN": "4"}})
+	pool := testenv.Pool(t, url)
+	ctx := context.Background()
+	var conns int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`,
+		"buzzpg-accept:"+r.InstanceID).Scan(&conns); err != nil {
+		t.Fatal(err)
+	}
+	if conns < 4 {
+		t.Fatalf("%d acceptance connections open when the relay reported ready, want at least 4", conns)
+	}
+	// Backends report their table counters when idle (PostgreSQL 15: within about 10 s).
+	var inserted, live, stored int64
+	testenv.WaitUntil(t, 20*time.Second, "warm-up inserts in the statistics", func() bool {
+		if err := pool.QueryRow(ctx, `SELECT n_tup_ins, n_live_tup FROM pg_stat_user_tables
+		                               WHERE schemaname = 'buzz' AND relname = 'events'`).Scan(&inserted, &live); err != nil {
+			t.Fatal(err)
+		}
+		return inserted >= 4
+	})
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM buzz.events`).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if stored != 0 || live != 0 {
+		t.Fatalf("the warm-up stored events: %d rows, %d live tuples", stored, live)
+	}
+}
