@@ -28,7 +28,8 @@ import (
 // events are signed before the clock starts. Rates: BUZZ_BENCH_RATES (default "1000"; e.g.
 // "1000,2000,3000,4000" to find where delivery stops keeping up), each for BUZZ_BENCH_DURATION
 // (default 3s; the figure is 30s). BUZZ_BENCH_TRACE=prefix writes every event's latencies
-// to prefix.<rate>.csv.
+// to prefix.<rate>.csv. BUZZ_BENCH_RELAY_ENV="K=V ..." sets environment variables of both relay
+// processes (e.g. GOMAXPROCS=1).
 //
 //	go test ./tests -run '^$' -bench FanoutCrossProcess -benchtime 1x
 //	BUZZ_BENCH_DURATION=30s BUZZ_BENCH_RATES=1000,2000,3000 go test ./tests -run '^$' -bench FanoutCrossProcess -benchtime 1x -timeout 30m
@@ -52,8 +53,14 @@ func BenchmarkFanoutCrossProcess(b *testing.B) {
 	}
 	dbURL := testenv.FreshDB(b)
 	key, _ := testenv.NewKey()
-	a := testenv.StartRelay(b, testenv.RelayOpts{DatabaseURL: dbURL, RelayKey: key})
-	bb := testenv.StartRelay(b, testenv.RelayOpts{DatabaseURL: dbURL, RelayKey: key})
+	env := map[string]string{}
+	for _, kv := range strings.Fields(os.Getenv("BUZZ_BENCH_RELAY_ENV")) {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v
+		}
+	}
+	a := testenv.StartRelay(b, testenv.RelayOpts{DatabaseURL: dbURL, RelayKey: key, Env: env})
+	bb := testenv.StartRelay(b, testenv.RelayOpts{DatabaseURL: dbURL, RelayKey: key, Env: env})
 	for _, rate := range rates {
 		r := runFanoutLoad(b, a, bb, rate, dur, writers)
 		b.Logf("rate %d/s offered, %.0f/s sent, %d events, %d writer connections on A:", rate, r.sentRate, r.n, writers)
