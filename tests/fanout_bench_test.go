@@ -1,17 +1,22 @@
 package tests
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/buzzpg/buzzpg/internal/db"
+	"github.com/buzzpg/buzzpg/internal/store"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
@@ -23,6 +28,10 @@ import (
 //     own replication tail too).
 //   - "cross": publish→delivery to a subscriber on B. Target: p99 ≤ 10 ms at 1,000 events/s.
 //   - "cross-ok": per event, cross minus ok: what fan-out adds to in-process delivery.
+//   - "sql": before the relay load, the same number of events at the same rate and concurrency
+//     go straight into buzz.accept_event from Go (no WebSocket, no relay in the path; the two
+//     relays are attached and tail them). Its latency is the floor this machine's PostgreSQL
+//     sets for "ok", and so for "cross".
 //
 // Concurrency: BUZZ_BENCH_WRITERS WebSocket connections on A (default 8) share one paced schedule;
 // events are signed before the clock starts. Rates: BUZZ_BENCH_RATES (default "1000"; e.g.
@@ -62,9 +71,11 @@ func BenchmarkFanoutCrossProcess(b *testing.B) {
 	a := testenv.StartRelay(b, testenv.RelayOpts{DatabaseURL: dbURL, RelayKey: key, Env: env})
 	bb := testenv.StartRelay(b, testenv.RelayOpts{DatabaseURL: dbURL, RelayKey: key, Env: env})
 	for _, rate := range rates {
+		floor := runSQLFloor(b, dbURL, rate, dur, writers)
 		r := runFanoutLoad(b, a, bb, rate, dur, writers)
+		r.pct["sql"], r.got["sql"] = floor, int(float64(rate)*dur.Seconds())
 		b.Logf("rate %d/s offered, %.0f/s sent, %d events, %d writer connections on A:", rate, r.sentRate, r.n, writers)
-		for _, k := range []string{"ok", "same", "cross", "cross-ok"} {
+		for _, k := range []string{"sql", "ok", "same", "cross", "cross-ok"} {
 			p := r.pct[k]
 			b.Logf("  %-8s p50 %8s  p99 %8s  max %8s  (%d/%d)", k, p[0].Round(10*time.Microsecond), p[1].Round(10*time.Microsecond), p[2].Round(10*time.Microsecond), r.got[k], r.n)
 		}
@@ -73,6 +84,7 @@ func BenchmarkFanoutCrossProcess(b *testing.B) {
 		b.ReportMetric(ms(r.pct["cross"][1]), fmt.Sprintf("cross-p99-ms@%d", rate))
 		b.ReportMetric(ms(r.pct["cross"][2]), fmt.Sprintf("cross-max-ms@%d", rate))
 		b.ReportMetric(ms(r.pct["ok"][1]), fmt.Sprintf("ok-p99-ms@%d", rate))
+		b.ReportMetric(ms(r.pct["sql"][1]), fmt.Sprintf("sql-p99-ms@%d", rate))
 	}
 }
 
@@ -93,6 +105,51 @@ func writeFanoutTrace(b *testing.B, path string, start time.Time, sent []time.Ti
 	if err := os.WriteFile(path, []byte(sb.String()), 0o644); err != nil {
 		b.Errorf("trace: %v", err)
 	}
+}
+
+// runSQLFloor calls buzz.accept_event directly, paced like runFanoutLoad (event i at
+// start + i/rate, spread over conns connections, each call timed from its scheduled send), and
+// returns p50/p99/max. The pool is warmed like a relay's.
+func runSQLFloor(b *testing.B, dbURL string, rate int, dur time.Duration, conns int) [3]time.Duration {
+	ctx := context.Background()
+	pool, err := db.NewPool(ctx, dbURL, "bench-sql-floor", int32(conns), store.WarmAccept(int32(conns)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pool.Close()
+	if err := store.Warm(ctx, pool, conns); err != nil {
+		b.Fatal(err)
+	}
+	author := newFanUser()
+	n := int(float64(rate) * dur.Seconds())
+	raws := make([][]byte, n)
+	for i := range raws {
+		raws[i], _ = json.Marshal(author.event(1, "floor"))
+	}
+	lat := make([]time.Duration, n)
+	interval := time.Second / time.Duration(rate)
+	start := time.Now().Add(20 * time.Millisecond)
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for w := 0; w < conns; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += conns {
+				at := start.Add(time.Duration(i) * interval)
+				time.Sleep(time.Until(at))
+				if ok, _, err := store.AcceptJSON(ctx, pool, raws[i]); err != nil || !ok {
+					failed.Add(1)
+				}
+				lat[i] = time.Since(at)
+			}
+		}()
+	}
+	wg.Wait()
+	if f := failed.Load(); f > 0 {
+		b.Fatalf("sql floor: %d of %d calls failed", f, n)
+	}
+	return pct3(lat)
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
