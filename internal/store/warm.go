@@ -15,7 +15,7 @@ import (
 	"github.com/buzzpg/buzzpg/internal/db"
 )
 
-// WarmAccept keeps at least min connections in an accept pool, and runs accept_event once on
+// WarmAccept keeps at least minConns connections in an accept pool, and runs accept_event once on
 // every new connection before the pool hands it out: for a synthetic kind 1 event, in a
 // transaction that is rolled back, so nothing is stored, nothing is committed and the
 // replication tails see nothing (aborted transactions are never sent).
@@ -26,12 +26,9 @@ import (
 // 250 events/s run had 81 OKs slower than 10 ms (worst 260 ms), the remaining 19.5 s a handful.
 // The warm-up is best effort: a connection it fails on is still handed out (a missing schema is
 // reported by the caller's own check, with its own advice).
-func WarmAccept(min int32) db.PoolOption {
+func WarmAccept(minConns int32) db.PoolOption {
 	return func(cfg *pgxpool.Config) {
-		if min > cfg.MaxConns {
-			min = cfg.MaxConns
-		}
-		cfg.MinConns = min
+		cfg.MinConns = min(minConns, cfg.MaxConns)
 		cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
 			_ = warmConn(ctx, conn)
 			return nil
