@@ -35,7 +35,7 @@ import (
 //
 // Concurrency: BUZZ_BENCH_WRITERS WebSocket connections on A (default 8) share one paced schedule;
 // events are signed before the clock starts. Rates: BUZZ_BENCH_RATES (default "1000"; e.g.
-// "1000,2000,3000,4000" to find where delivery stops keeping up), each for BUZZ_BENCH_DURATION
+// "250,500,1000,2000" to find where delivery stops keeping up: everything delivered and p99 ≤ 1 s), each for BUZZ_BENCH_DURATION
 // (default 3s; the figure is 30s). BUZZ_BENCH_TRACE=prefix writes every event's latencies
 // to prefix.<rate>.csv. BUZZ_BENCH_RELAY_ENV="K=V ..." sets environment variables of both relay
 // processes (e.g. GOMAXPROCS=1).
@@ -70,6 +70,10 @@ func BenchmarkFanoutCrossProcess(b *testing.B) {
 	}
 	a := testenv.StartRelay(b, testenv.RelayOpts{DatabaseURL: dbURL, RelayKey: key, Env: env})
 	bb := testenv.StartRelay(b, testenv.RelayOpts{DatabaseURL: dbURL, RelayKey: key, Env: env})
+	// Reported after the last rate: runFanoutLoad calls b.ResetTimer, which drops metrics
+	// reported before it, so reporting per rate kept only the last rate's.
+	metrics := map[string]float64{}
+	best := 0
 	for _, rate := range rates {
 		floor := runSQLFloor(b, dbURL, rate, dur, writers)
 		r := runFanoutLoad(b, a, bb, rate, dur, writers)
@@ -79,13 +83,25 @@ func BenchmarkFanoutCrossProcess(b *testing.B) {
 			p := r.pct[k]
 			b.Logf("  %-8s p50 %8s  p99 %8s  max %8s  (%d/%d)", k, p[0].Round(10*time.Microsecond), p[1].Round(10*time.Microsecond), p[2].Round(10*time.Microsecond), r.got[k], r.n)
 		}
-		b.Logf("  keeps up: %v (all delivered, cross-process p99 ≤ 10ms: %v)", r.got["cross"] == r.n, r.pct["cross"][1] <= 10*time.Millisecond)
-		b.ReportMetric(ms(r.pct["cross"][0]), fmt.Sprintf("cross-p50-ms@%d", rate))
-		b.ReportMetric(ms(r.pct["cross"][1]), fmt.Sprintf("cross-p99-ms@%d", rate))
-		b.ReportMetric(ms(r.pct["cross"][2]), fmt.Sprintf("cross-max-ms@%d", rate))
-		b.ReportMetric(ms(r.pct["ok"][1]), fmt.Sprintf("ok-p99-ms@%d", rate))
-		b.ReportMetric(ms(r.pct["sql"][1]), fmt.Sprintf("sql-p99-ms@%d", rate))
+		// The load tool's rule (internal/bench/fanout.go): everything delivered and p99 within 1 s.
+		// "All delivered" alone is not keeping up: at 2,000/s for 8 s every event arrived, 5 s late.
+		keptUp := r.got["cross"] == r.n && r.pct["cross"][1] <= time.Second
+		if keptUp && rate > best {
+			best = rate
+		}
+		b.Logf("  keeps up: %v (all %d delivered: %v, cross p99 ≤ 1 s); target cross-process p99 ≤ 10 ms: %v",
+			keptUp, r.n, r.got["cross"] == r.n, r.pct["cross"][1] <= 10*time.Millisecond)
+		metrics[fmt.Sprintf("cross-p50-ms@%d", rate)] = ms(r.pct["cross"][0])
+		metrics[fmt.Sprintf("cross-p99-ms@%d", rate)] = ms(r.pct["cross"][1])
+		metrics[fmt.Sprintf("cross-max-ms@%d", rate)] = ms(r.pct["cross"][2])
+		metrics[fmt.Sprintf("ok-p99-ms@%d", rate)] = ms(r.pct["ok"][1])
+		metrics[fmt.Sprintf("sql-p99-ms@%d", rate)] = ms(r.pct["sql"][1])
 	}
+	b.Logf("highest rate kept up: %d/s", best)
+	for k, v := range metrics {
+		b.ReportMetric(v, k)
+	}
+	b.ReportMetric(float64(best), "kept-up-max/s")
 }
 
 // writeFanoutTrace writes one line per event (send offset from the start, then the ok, same and
