@@ -354,3 +354,74 @@ func TestDeletionRacesPublication(t *testing.T) {
 		}
 	}
 }
+
+// A kind 5 naming someone else's id is accepted and deletes nothing; it must not take the place of
+// the author's own tombstone, or the author's later deletion would not keep the id out.
+func TestDeletionTombstonePerAuthor(t *testing.T) {
+	e := newEnv(t)
+	alice, mallory := testenv.NewUser(), testenv.NewUser()
+	note := alice.Event(t, 1, nil, "mine")
+	unseen := alice.Event(t, 1, nil, "not published yet")
+	e.accept(note)
+	ok, msg := e.accept(mallory.Event(t, 5, nostr.Tags{{"e", note.ID}, {"e", unseen.ID}}, ""))
+	expect(t, ok, msg, true, "")
+	if !e.stored(note.ID) {
+		t.Fatal("someone else's deletion deleted the note")
+	}
+	ok, msg = e.accept(alice.Event(t, 5, nostr.Tags{{"e", note.ID}, {"e", unseen.ID}}, ""))
+	expect(t, ok, msg, true, "")
+	if e.stored(note.ID) {
+		t.Fatal("the author's deletion did not delete the note")
+	}
+	for _, ev := range []*nostr.Event{note, unseen} {
+		ok, msg = e.accept(ev)
+		expect(t, ok, msg, false, "blocked: deleted")
+		if e.stored(ev.ID) {
+			t.Fatalf("%s came back after its author deleted it", ev.Content)
+		}
+	}
+	// Mallory's own tombstone changes nothing for events of hers that she never deleted.
+	hers := mallory.Event(t, 1, nil, "hers")
+	ok, msg = e.accept(hers)
+	expect(t, ok, msg, true, "")
+}
+
+// An event names at most one channel: membership is checked for one h value, and the read gate and
+// resurfacing follow it, so a second value would place the message in a channel the author is
+// not in (#h history) unchecked.
+func TestEventNamesAtMostOneChannel(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	a, v, f := testenv.NewUser(), testenv.NewUser(), testenv.NewUser()
+	openDM := func(opener, other string) string {
+		var ch string
+		if err := e.pool.QueryRow(ctx, `SELECT channel_id::text FROM buzz.open_dm($1, ARRAY[$2], NULL)`, opener, other).Scan(&ch); err != nil {
+			t.Fatal(err)
+		}
+		return ch
+	}
+	dm1, dm2 := openDM(a.PK, v.PK), openDM(v.PK, f.PK)
+	var before int
+	_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM buzz.events`).Scan(&before)
+	for _, tags := range []nostr.Tags{
+		{{"h", dm1}, {"h", dm2}},
+		{{"h", dm1}, {"h", "not-a-channel"}},
+		{{"h", dm2}, {"h", dm1}},
+	} {
+		ev := a.Event(t, 9, tags, "two channels")
+		ok, msg := e.accept(ev)
+		expect(t, ok, msg, false, "invalid: an event names at most one channel")
+	}
+	var after int
+	_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM buzz.events`).Scan(&after)
+	if after != before {
+		t.Fatalf("rejected events changed the store: %d rows, want %d", after, before)
+	}
+	// The same channel twice is still one channel.
+	ev := a.Event(t, 9, nostr.Tags{{"h", dm1}, {"h", dm1}}, "one channel, named twice")
+	ok, msg := e.accept(ev)
+	expect(t, ok, msg, true, "")
+	if !e.stored(ev.ID) {
+		t.Fatal("a message naming its channel twice was not stored")
+	}
+}
