@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"slices"
+	"time"
 
 	"github.com/buzzpg/buzzpg/internal/evt"
 	"github.com/buzzpg/buzzpg/internal/metrics"
@@ -11,7 +12,9 @@ import (
 // Deliver fans one event out to every matching live subscription this process holds, after the
 // read gate. It never waits for a client: a connection whose send queue is full is closed as a
 // slow reader. The only wait is a one-time member-set lookup for a DM not seen before (then cached
-// for good: DM member sets never change).
+// for good: DM member sets never change). A lookup that fails is retried until it succeeds or the
+// server shuts down: the replication stream (our caller) waits, and acknowledges nothing past this
+// event meanwhile, instead of losing a gated event its members are subscribed to.
 func (s *Server) Deliver(d evt.Delivery) {
 	if d.Event == nil {
 		return
@@ -23,15 +26,10 @@ func (s *Server) Deliver(d evt.Delivery) {
 	}()
 	var members []string
 	if d.Scope.Kind == evt.ScopeChannel {
-		ctx, cancel := context.WithTimeout(context.Background(), memberLookupWait)
-		sets, err := s.members.membersOf(ctx, []string{d.Scope.Channel})
-		cancel()
-		if err != nil {
-			// Fail closed: nobody gets a gated event whose gate could not be checked.
-			s.log.Error("member lookup for delivery failed; event not delivered live", "id", d.Event.ID, "channel", d.Scope.Channel, "err", err)
-			return
+		var ok bool
+		if members, ok = s.deliveryMembers(d); !ok {
+			return // shutting down
 		}
-		members = sets[d.Scope.Channel]
 	}
 	isMember := func(channel, pubkey string) bool {
 		if channel != d.Scope.Channel {
@@ -49,6 +47,38 @@ func (s *Server) Deliver(d evt.Delivery) {
 			js = eventJSON(d.Event)
 		}
 		c.deliver(d, js)
+	}
+}
+
+// deliveryMembers reads the member set of d's channel on the acceptance pool, retrying with capped
+// backoff. Nobody gets a gated event whose gate could not be checked (fail closed); ok is false
+// only when the server is shutting down.
+func (s *Server) deliveryMembers(d evt.Delivery) (members []string, ok bool) {
+	backoff := 10 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		ctx, cancel := context.WithTimeout(s.stop, s.memberWait)
+		sets, err := s.members.membersOf(ctx, s.accept, []string{d.Scope.Channel})
+		cancel()
+		if err == nil {
+			return sets[d.Scope.Channel], true
+		}
+		if s.stop.Err() != nil {
+			return nil, false
+		}
+		metrics.MemberLookupRetries.Inc()
+		if attempt == 1 || attempt%10 == 0 {
+			s.log.Warn("member lookup for live delivery failed; delivery waits and retries",
+				"id", d.Event.ID, "channel", d.Scope.Channel, "attempt", attempt, "err", err)
+		}
+		if s.onLookupRetry != nil {
+			s.onLookupRetry()
+		}
+		select {
+		case <-s.stop.Done():
+			return nil, false
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
 	}
 }
 

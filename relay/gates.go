@@ -1,9 +1,6 @@
 package relay
 
-import (
-	"context"
-	"slices"
-)
+import "slices"
 
 // Kinds whose every row is gated, by gate class (PROTOCOL.md "Read gates"). Used only to decide
 // from a filter's shape whether it can match anything readable; the authoritative gate is the SQL
@@ -16,10 +13,10 @@ var (
 // gateClosure decides the PROTOCOL.md closing rule for one filter: "" when the filter can match
 // rows this connection may read (it is answered with those, the rest silently omitted);
 // otherwise the CLOSED reason: auth-required when not authenticated, restricted when
-// authenticated as someone else.
-func (c *conn) gateClosure(ctx context.Context, cf *compiledFilter, authed []string) (string, error) {
+// authenticated as someone else. sets holds the member sets of the filter's h values (membersOf).
+func gateClosure(cf *compiledFilter, authed []string, sets map[string][]string) string {
 	if cf.none {
-		return "", nil // matches nothing: an empty answer hides nothing
+		return "" // matches nothing: an empty answer hides nothing
 	}
 	readable := true
 	if cf.kinds != nil {
@@ -39,21 +36,17 @@ func (c *conn) gateClosure(ctx context.Context, cf *compiledFilter, authed []str
 		}
 	}
 	if readable && cf.hasTag("h") {
-		// Every stored h tag names a DM (accept_event refuses others), so a filter on h values
-		// none of which is a DM of an authenticated pubkey can only match gated rows.
-		ok, err := c.s.members.anyMember(ctx, cf.tag("h"), authed)
-		if err != nil {
-			return "", err
-		}
-		readable = ok
+		// Every stored h tag names the event's one DM (accept_event refuses others), so a filter
+		// on h values none of which is a DM of an authenticated pubkey can only match gated rows.
+		readable = anyMember(sets, cf.tag("h"), authed)
 	}
 	if readable {
-		return "", nil
+		return ""
 	}
 	if len(authed) == 0 {
-		return "auth-required: this filter only matches events readable after AUTH", nil
+		return "auth-required: this filter only matches events readable after AUTH"
 	}
-	return "restricted: this filter only matches events you may not read", nil
+	return "restricted: this filter only matches events you may not read"
 }
 
 // intersects reports whether list (nil meaning "any value") shares a value with authed.

@@ -10,9 +10,11 @@ import (
 
 // memberCache holds DM member sets. A DM's participant set never changes (PROTOCOL.md), so a
 // non-empty set read once is true forever; an empty answer is not cached (the channel may be
-// committing right now, or not exist). Bounded: the oldest channel is forgotten first.
+// committing right now, or not exist). Bounded: the oldest channel is forgotten first. Lookups
+// run on the pool the caller names: REQ/COUNT gates on the query pool (client-driven, rate limited,
+// may be saturated), Deliver on the acceptance pool (short queries only), so neither a flood of
+// filters naming channels nor expensive REQs can take connections acceptance needs.
 type memberCache struct {
-	pool  *pgxpool.Pool
 	mu    sync.Mutex
 	sets  map[string][]string // channel uuid (canonical text) -> sorted member pubkeys
 	order []string            // FIFO ring of cached channels
@@ -20,8 +22,8 @@ type memberCache struct {
 	cap   int
 }
 
-func newMemberCache(pool *pgxpool.Pool, capacity int) *memberCache {
-	return &memberCache{pool: pool, sets: map[string][]string{}, cap: capacity}
+func newMemberCache(capacity int) *memberCache {
+	return &memberCache{sets: map[string][]string{}, cap: capacity}
 }
 
 func (mc *memberCache) get(channel string) ([]string, bool) {
@@ -49,7 +51,7 @@ func (mc *memberCache) put(channel string, members []string) {
 
 // membersOf returns the member sets of the given channels (absent: no such channel / no members).
 // Values that are not canonical UUIDs name no channel and are skipped without a query.
-func (mc *memberCache) membersOf(ctx context.Context, channels []string) (map[string][]string, error) {
+func (mc *memberCache) membersOf(ctx context.Context, pool *pgxpool.Pool, channels []string) (map[string][]string, error) {
 	out := make(map[string][]string, len(channels))
 	var missing []string
 	for _, ch := range channels {
@@ -65,7 +67,7 @@ func (mc *memberCache) membersOf(ctx context.Context, channels []string) (map[st
 	if len(missing) == 0 {
 		return out, nil
 	}
-	rows, err := mc.pool.Query(ctx,
+	rows, err := pool.Query(ctx,
 		`SELECT channel_id::text, pubkey FROM buzz.members WHERE channel_id = ANY($1::uuid[])`, missing)
 	if err != nil {
 		return nil, err
@@ -90,23 +92,18 @@ func (mc *memberCache) membersOf(ctx context.Context, channels []string) (map[st
 	return out, nil
 }
 
-// anyMember reports whether any of pubkeys is a member of any of channels.
-func (mc *memberCache) anyMember(ctx context.Context, channels, pubkeys []string) (bool, error) {
-	if len(pubkeys) == 0 {
-		return false, nil
-	}
-	sets, err := mc.membersOf(ctx, channels)
-	if err != nil {
-		return false, err
-	}
-	for _, members := range sets {
+// anyMember reports whether any of pubkeys is a member of any of channels, by sets (membersOf's
+// answer for at least those channels).
+func anyMember(sets map[string][]string, channels, pubkeys []string) bool {
+	for _, ch := range channels {
+		members := sets[ch]
 		for _, pk := range pubkeys {
 			if _, ok := slices.BinarySearch(members, pk); ok {
-				return true, nil
+				return true
 			}
 		}
 	}
-	return false, nil
+	return false
 }
 
 func isCanonicalUUID(s string) bool {

@@ -56,17 +56,30 @@ func (c *conn) handleReq(subID string, filters []nostr.Filter) {
 // checkGates applies the gate closing rule to every filter: one filter that can only match
 // unreadable rows closes the whole REQ, so the client learns it should AUTH (a subscription
 // cannot be half closed, and silently dropping part of it would leave the client waiting).
+// The member sets of every h value in the request are read at once, on the query pool.
 func (c *conn) checkGates(cfs []*compiledFilter) string {
 	authed := c.authedList()
-	ctx, cancel := context.WithTimeout(c.ctx, memberLookupWait)
-	defer cancel()
-	for _, cf := range cfs {
-		reason, err := c.gateClosure(ctx, cf, authed)
+	var channels []string
+	if len(authed) > 0 {
+		for _, cf := range cfs {
+			if !cf.none && cf.hasTag("h") {
+				channels = append(channels, cf.tag("h")...)
+			}
+		}
+	}
+	var sets map[string][]string
+	if len(channels) > 0 {
+		ctx, cancel := context.WithTimeout(c.ctx, c.s.memberWait)
+		var err error
+		sets, err = c.s.members.membersOf(ctx, c.s.query, channels)
+		cancel()
 		if err != nil {
 			c.log.Warn("membership lookup failed", "err", err)
 			return "error: could not check channel membership"
 		}
-		if reason != "" {
+	}
+	for _, cf := range cfs {
+		if reason := gateClosure(cf, authed, sets); reason != "" {
 			return reason
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/gorilla/websocket"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -24,8 +25,8 @@ import (
 // Server is the relay. It is an http.Handler (mount it at "/") and an evt.Sink.
 type Server struct {
 	cfg           Config
-	accept        *pgxpool.Pool // buzz.accept_event and member-set lookups: short queries only
-	query         *pgxpool.Pool // REQ/COUNT: may be saturated by expensive filters
+	accept        *pgxpool.Pool // buzz.accept_event and Deliver's member-set lookups: short queries only
+	query         *pgxpool.Pool // REQ/COUNT and their gate lookups: may be saturated by expensive filters
 	log           *slog.Logger
 	relayPubkey   string
 	nip11         []byte
@@ -42,8 +43,16 @@ type Server struct {
 	closing atomic.Bool
 	nextID  atomic.Uint64
 
+	memberWait time.Duration // how long one member-set lookup may take (memberLookupWait)
+
+	// stop ends when Shutdown begins: work that would otherwise wait or retry gives up.
+	stop     context.Context
+	stopWork context.CancelFunc
+
 	// onConnClosed, when set (in-package tests), is called after a connection is torn down.
 	onConnClosed func(c *conn, reason string)
+	// onLookupRetry, when set (in-package tests), is called after a failed delivery lookup.
+	onLookupRetry func()
 }
 
 var _ evt.Sink = (*Server)(nil)
@@ -64,6 +73,8 @@ func New(cfg Config, acceptPool, queryPool *pgxpool.Pool) (*Server, error) {
 		log:    cfg.Logger.With("component", "relay"),
 		conns:  map[*conn]struct{}{},
 	}
+	s.stop, s.stopWork = context.WithCancel(context.Background())
+	s.memberWait = memberLookupWait
 	if cfg.RelaySecretKey != "" {
 		pk, err := nostr.GetPublicKey(cfg.RelaySecretKey)
 		if err != nil {
@@ -71,9 +82,7 @@ func New(cfg Config, acceptPool, queryPool *pgxpool.Pool) (*Server, error) {
 		}
 		s.relayPubkey = pk
 	}
-	// Member lookups are rare (cached for good) and tiny; they use the accept pool, whose queries
-	// are all short, so Deliver (the replication tail) never queues behind expensive REQs.
-	s.members = newMemberCache(acceptPool, memberCacheSize)
+	s.members = newMemberCache(memberCacheSize)
 	s.ipEvents = newIPLimiter(cfg.IPEventRate, cfg.EventBurst)
 	s.ipReqs = newIPLimiter(cfg.IPReqRate, cfg.ReqBurst)
 	s.upgrader = websocket.Upgrader{
@@ -175,6 +184,7 @@ func (s *Server) snapshotConns() []*conn {
 // waits for connections to finish until ctx ends; then it cuts the rest.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.closing.Store(true)
+	s.stopWork()
 	for _, c := range s.snapshotConns() {
 		c.closeGracefully(websocket.CloseGoingAway, "relay shutting down", "error: relay shutting down")
 	}

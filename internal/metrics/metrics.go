@@ -35,6 +35,9 @@ var (
 		Name: "buzz_query_seconds", Help: "REQ/COUNT initial query time.",
 		Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16),
 	}, []string{"verb"})
+	MemberLookupRetries = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "buzz_member_lookup_retries_total", Help: "Failed DM member-set lookups for live delivery, each retried (the replication stream waits meanwhile).",
+	})
 
 	// Fan-out (logical replication).
 	FanoutDelivered = promauto.NewCounterVec(prometheus.CounterOpts{

@@ -1,0 +1,105 @@
+package relay
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nbd-wtf/go-nostr"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/buzzpg/buzzpg/internal/evt"
+	"github.com/buzzpg/buzzpg/internal/metrics"
+)
+
+// The member lookups of REQ gates run on the query pool: with every acceptance connection taken,
+// a member still gets the answer to a REQ by #h (and a flood of such REQs cannot take the
+// connections acceptance needs).
+func TestGateLookupsDoNotUseTheAcceptancePool(t *testing.T) {
+	tr := startRelay(t, nil)
+	tr.s.memberWait = 2 * time.Second
+	a := newParty(t, tr, true)
+	b := newParty(t, tr, true)
+	ch := openDM(t, a, b.pk)
+	msg := signed(a.sk, 9, "hello", nostr.Now(), nostr.Tag{"h", ch})
+	a.c.mustPublish(msg)
+
+	ctx := context.Background()
+	var held []*pgxpool.Conn
+	for i := int32(0); i < tr.s.accept.Config().MaxConns; i++ {
+		conn, err := tr.s.accept.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, conn)
+	}
+	defer func() {
+		for _, h := range held {
+			h.Release()
+		}
+	}()
+	got, closed := b.c.reqOrClosed("h", nostr.Filter{Tags: nostr.TagMap{"h": {ch}}, Kinds: []int{9}})
+	if closed != "" {
+		t.Fatalf("REQ by #h closed while the acceptance pool was busy: %q", closed)
+	}
+	sameIDs(t, "member", got, msg)
+}
+
+// A member-set lookup for live delivery that fails is retried, not dropped: buzz.members is locked
+// by another session past the lookup's wait, the lookup fails, the lock goes, and the member's live
+// subscription still receives the event. The relay never delivers a gated event unchecked.
+func TestDeliveryRetriesAFailedMemberLookup(t *testing.T) {
+	tr := startRelay(t, nil)
+	tr.s.memberWait = 200 * time.Millisecond
+	a := newParty(t, tr, true)
+	b := newParty(t, tr, true)
+	ch := openDM(t, a, b.pk) // no #h REQ below, so the member set is not cached yet
+	f := nostr.Filter{Authors: []string{a.pk}, Kinds: []int{9}}
+	b.c.req("live", f)
+
+	ctx := context.Background()
+	locker, err := tr.s.query.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = locker.Rollback(ctx) }()
+	if _, err := locker.Exec(ctx, `LOCK TABLE buzz.members IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	retried := make(chan struct{}, 1)
+	tr.s.onLookupRetry = func() {
+		select {
+		case retried <- struct{}{}:
+		default:
+		}
+	}
+	m := signed(a.sk, 9, "while members are locked", nostr.Now(), nostr.Tag{"h", ch})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tr.s.Deliver(evt.Delivery{Event: &m, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}})
+	}()
+	select {
+	case <-retried:
+	case <-done:
+		t.Fatal("Deliver returned while the member lookup could not run")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the member lookup never failed although buzz.members was locked")
+	}
+	if err := locker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Deliver did not finish after the lock was released")
+	}
+	if got := b.c.nextEvent("live"); got.ID != m.ID {
+		t.Fatalf("member got %s, want %s", got.ID, m.ID)
+	}
+	var mv dto.Metric
+	if err := metrics.MemberLookupRetries.Write(&mv); err != nil || mv.GetCounter().GetValue() < 1 {
+		t.Fatalf("buzz_member_lookup_retries_total = %v (%v)", mv.GetCounter().GetValue(), err)
+	}
+}
