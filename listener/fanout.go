@@ -60,6 +60,11 @@ type Fanout struct {
 	skippedDup atomic.Int64 // single deliveries skipped by id
 	sessions   atomic.Int64 // replication sessions attached
 
+	// slotMade is closed once this process's slot exists: from then on every commit reaches our
+	// connections (the slot retains it), so serve opens the WebSocket endpoint only after it.
+	slotMade chan struct{}
+	slotOnce sync.Once
+
 	mu      sync.Mutex
 	cancel  context.CancelFunc
 	done    chan struct{}
@@ -99,11 +104,17 @@ func NewFanout(cfg FanoutConfig, pool *pgxpool.Pool, sink evt.Sink) *Fanout {
 	slot := SlotName(cfg.InstanceID)
 	return &Fanout{
 		cfg: cfg, pool: pool, sink: sink, slot: slot,
-		log:  log.With("component", "fanout", "slot", slot),
-		seen: newRecentKeys(cfg.DedupeWindow),
-		done: make(chan struct{}),
+		log:      log.With("component", "fanout", "slot", slot),
+		seen:     newRecentKeys(cfg.DedupeWindow),
+		done:     make(chan struct{}),
+		slotMade: make(chan struct{}),
 	}
 }
+
+// SlotReady is closed once this process's replication slot exists (created, or found after a
+// restart with the same instance id). A subscription registered before that could miss events
+// committed before the slot's starting point: nothing would retain them for this process.
+func (f *Fanout) SlotReady() <-chan struct{} { return f.slotMade }
 
 // Slot is the name of this process's replication slot.
 func (f *Fanout) Slot() string { return f.slot }

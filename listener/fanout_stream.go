@@ -217,6 +217,7 @@ func (f *Fanout) ensureSlot(ctx context.Context) error {
 	}
 	if ok {
 		f.hadSlot = true
+		f.slotOnce.Do(func() { close(f.slotMade) })
 		return nil
 	}
 	if f.hadSlot {
@@ -230,6 +231,7 @@ func (f *Fanout) ensureSlot(ctx context.Context) error {
 		return err
 	}
 	f.hadSlot = true
+	f.slotOnce.Do(func() { close(f.slotMade) })
 	f.log.Info("fan-out replication slot created")
 	return nil
 }

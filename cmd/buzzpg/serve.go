@@ -151,7 +151,7 @@ func runServe(args []string) error {
 	})
 	mux.Handle("/metrics", promhttp.Handler())
 	if srv != nil {
-		mux.Handle("/", srv)
+		mux.Handle("/", untilSlot(fanout.SlotReady(), srv))
 	}
 	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 
@@ -214,6 +214,22 @@ func runServe(args []string) error {
 	}
 	log.Info("stopped")
 	return runErr
+}
+
+// untilSlot answers 503 until the fan-out's replication slot exists. A client served before then
+// could register a subscription whose live events nothing retains for this process: commits that
+// land before the slot's starting point would never reach it. Creating the slot waits for every
+// transaction open at that moment, so the window can last as long as the oldest one.
+func untilSlot(ready <-chan struct{}, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-ready:
+			next.ServeHTTP(w, r)
+		default:
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "starting: the replication slot of this relay process is not created yet", http.StatusServiceUnavailable)
+		}
+	})
 }
 
 // checkSchema refuses to serve a database whose schema is missing, dirty or newer than this
