@@ -42,6 +42,10 @@ type conn struct {
 
 	q        *sendQueue
 	querySem chan struct{}
+	// pong carries the payload of the latest client ping to the write loop, which answers it.
+	// gorilla's default ping handler would write the pong from the read loop with its own 1 s
+	// deadline on the socket, cutting short a batch write blocked on a slow reader.
+	pong chan string
 
 	ip          string
 	eventBucket *tokenBucket // read loop only
@@ -72,6 +76,7 @@ func newConn(s *Server, ws *websocket.Conn, r *http.Request, relayURL string) *c
 		q:          newSendQueue(s.cfg.SendQueueBytes),
 		querySem:   make(chan struct{}, s.cfg.MaxQueriesInFlight),
 		writerDone: make(chan struct{}),
+		pong:       make(chan string, 1),
 		ip:         clientIP(r),
 	}
 	if s.cfg.EventRate > 0 {
@@ -94,6 +99,15 @@ func (c *conn) run() {
 	c.ws.SetReadLimit(int64(c.s.cfg.MaxMessageLength))
 	_ = c.ws.SetReadDeadline(timeNow().Add(pongWait))
 	c.ws.SetPongHandler(func(string) error {
+		return c.ws.SetReadDeadline(timeNow().Add(pongWait))
+	})
+	c.ws.SetPingHandler(func(data string) error {
+		// Only the latest ping needs an answer (RFC 6455 5.5.3).
+		select {
+		case <-c.pong:
+		default:
+		}
+		c.pong <- data // the read loop is the only sender, so there is room now
 		return c.ws.SetReadDeadline(timeNow().Add(pongWait))
 	})
 	go c.writeLoop()
@@ -168,7 +182,8 @@ func (c *conn) handle(data []byte) {
 	}
 }
 
-// writeLoop is the only goroutine that writes data frames. It also pings.
+// writeLoop is the only goroutine that writes data frames. It also pings and answers pings, so
+// no other write changes the socket's write deadline under a batch in progress.
 func (c *conn) writeLoop() {
 	defer close(c.writerDone)
 	ping := time.NewTicker(pingPeriod)
@@ -198,6 +213,11 @@ func (c *conn) writeLoop() {
 		case <-ping.C:
 			if err := c.ws.WriteControl(websocket.PingMessage, nil, timeNow().Add(writeWait)); err != nil {
 				c.kill("ping: " + err.Error())
+				return
+			}
+		case data := <-c.pong:
+			if err := c.ws.WriteControl(websocket.PongMessage, []byte(data), timeNow().Add(writeWait)); err != nil {
+				c.kill("pong: " + err.Error())
 				return
 			}
 		case <-c.ctx.Done():

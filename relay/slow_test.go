@@ -177,3 +177,61 @@ func TestLargeInitialAnswerIsFlowControlled(t *testing.T) {
 	sameIDs(t, "large answer", c.req("big", nostr.Filter{Authors: []string{pk}}), want...)
 	alive(t, c)
 }
+
+// TestClientPingsDoNotCutABlockedWrite: a client that pings while it is slow to read keeps its
+// connection. The relay answers pings from the write loop; a pong written from the read loop would
+// reset the socket's write deadline to gorilla's 1 s under a batch blocked on the slow reader, and
+// the connection would die as "write: i/o timeout" well inside the 10 s write budget.
+func TestClientPingsDoNotCutABlockedWrite(t *testing.T) {
+	tr := startRelay(t, nil)
+	pub := tr.dial(t)
+	sk, pk := testenv.NewKey()
+	content := strings.Repeat("p", 16<<10)
+	base := int64(nostr.Now()) - 1000
+	var want []nostr.Event
+	for i := 0; i < 64; i++ { // ~1 MB: far beyond what a 4 KiB receive window lets through
+		ev := signed(sk, 1, content, nostr.Timestamp(base+int64(i)))
+		pub.mustPublish(ev)
+		want = append([]nostr.Event{ev}, want...)
+	}
+
+	ws := tr.dialSmallBuffer(t)
+	c := &client{t: t, ws: ws}
+	c.expect("AUTH")
+	// A small send buffer on the relay's side too (no autotuning), so the answer cannot sit in
+	// kernel buffers: the relay's writer blocks until the client reads.
+	var newest *conn
+	for _, sc := range tr.s.snapshotConns() {
+		if newest == nil || sc.id > newest.id {
+			newest = sc
+		}
+	}
+	if err := newest.ws.NetConn().(*net.TCPConn).SetWriteBuffer(4096); err != nil {
+		t.Fatal(err)
+	}
+	c.sendJSON("REQ", "big", nostr.Filter{Authors: []string{pk}})
+	// Read nothing for 3 s (the scenario: a slow link) while pinging every 100 ms, as clients
+	// with keep-alives do; the relay's writer is blocked on the full socket meanwhile.
+	pongs := 0
+	ws.SetPongHandler(func(string) error { pongs++; return nil })
+	for i := 0; i < 30; i++ {
+		if err := ws.WriteControl(websocket.PingMessage, []byte("k"), time.Now().Add(time.Second)); err != nil {
+			t.Fatalf("ping %d: %v", i, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	got, closed := c.collect("big")
+	if closed != "" {
+		t.Fatalf("CLOSED %q", closed)
+	}
+	sameIDs(t, "answer read after the pause", got, want...)
+	select {
+	case cc := <-tr.closed:
+		t.Fatalf("connection closed: %s", cc.reason)
+	default:
+	}
+	alive(t, c)
+	if pongs == 0 {
+		t.Fatal("no pong came back")
+	}
+}
