@@ -71,7 +71,8 @@ DECLARE
   t_p text;
   t_d text;
   e_tagvals text[];
-  n_h integer;
+  h_min text;
+  h_max text;
   is_dup boolean;
   is_deleted boolean;
   exp_s text;
@@ -108,15 +109,15 @@ BEGIN
          (array_agg(t->>1 ORDER BY n) FILTER (WHERE t->>0 = 'd' AND t->>1 IS NOT NULL))[1],
          coalesce(array_agg(DISTINCT (t->>0) || ':' || (t->>1))
                     FILTER (WHERE length(t->>0) = 1 AND t->>1 IS NOT NULL), '{}'),
-         count(DISTINCT t->>1) FILTER (WHERE t->>0 = 'h' AND t->>1 IS NOT NULL)
-    INTO bad_tags, exp_s, h_val, t_actor, t_p, t_d, e_tagvals, n_h
+         min(t->>1) FILTER (WHERE t->>0 = 'h'), max(t->>1) FILTER (WHERE t->>0 = 'h')
+    INTO bad_tags, exp_s, h_val, t_actor, t_p, t_d, e_tagvals, h_min, h_max
     FROM jsonb_array_elements(e_tags) WITH ORDINALITY AS x(t, n);
   IF bad_tags THEN
     PERFORM buzz.reject('BZ400', 'invalid: tags must be arrays of strings');
   END IF;
   -- The membership check, the read gate and resurfacing all follow one channel; a second h value
   -- would put the event into another channel's history (#h) unchecked.
-  IF n_h > 1 THEN
+  IF h_min <> h_max THEN
     PERFORM buzz.reject('BZ400', 'invalid: an event names at most one channel (h tag)');
   END IF;
   SELECT coalesce(max(value) FILTER (WHERE key = 'relay_pubkey'), ''),
