@@ -26,6 +26,13 @@ var sqlstatePrefix = map[string]string{
 	"22003": "invalid: ",
 }
 
+// Client errors whose PostgreSQL message would mean nothing to a client (or name our indexes).
+var sqlstateMessage = map[string]string{
+	// program_limit_exceeded: an index entry over PostgreSQL's limit (a btree row over 2704 bytes
+	// for a d tag, a GIN entry for a tag value that does not compress). Retrying cannot help.
+	"54000": "invalid: a tag value is too long to store",
+}
+
 const acceptSQL = `SELECT ok, message FROM buzz.accept_event($1::jsonb)`
 
 // ClientError maps a rejected acceptance to the OK message the client should see. ok is false
@@ -34,6 +41,9 @@ func ClientError(err error) (message string, ok bool) {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return "", false
+	}
+	if msg, fixed := sqlstateMessage[pgErr.Code]; fixed {
+		return msg, true
 	}
 	prefix, known := sqlstatePrefix[pgErr.Code]
 	if !known {

@@ -4,6 +4,8 @@ package store
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"strconv"
 	"strings"
 	"testing"
@@ -283,6 +285,10 @@ func TestRejectionsChangeNothing(t *testing.T) {
 		{u.Event(t, 22242, nostr.Tags{{"challenge", "x"}}, ""), "invalid:"},
 		{u.Event(t, 30622, nostr.Tags{{"d", u.PK}, {"p", u.PK}}, ""), "restricted: relay-only kind"},
 		{u.Event(t, 1059, nil, "wrap without p"), "invalid:"},
+		// Index entries over PostgreSQL's limits (SQLSTATE 54000): a d value over the btree
+		// maximum, and a tag value that does not compress under the GIN maximum.
+		{u.Event(t, 30023, nostr.Tags{{"d", randomHex(3000)}}, ""), "invalid: a tag value is too long"},
+		{u.Event(t, 1, nostr.Tags{{"r", randomHex(20000)}}, ""), "invalid: a tag value is too long"},
 	}
 	for _, c := range cases {
 		ok, msg := e.accept(c.ev)
@@ -291,6 +297,12 @@ func TestRejectionsChangeNothing(t *testing.T) {
 			t.Fatalf("kind %d stored although rejected", c.ev.Kind)
 		}
 	}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, (n+1)/2)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)[:n]
 }
 
 func TestEphemeralNeverStored(t *testing.T) {
