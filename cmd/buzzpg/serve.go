@@ -88,7 +88,10 @@ func runServe(args []string) error {
 	}
 	addr := ln.Addr().String()
 	if cfg.RelayURL == "" {
-		cfg.RelayURL = "ws://" + addr
+		cfg.RelayURL = defaultRelayURL(cfg.Listen, addr)
+		if cfg.RelayURL == "" {
+			log.Warn("BUZZ_RELAY_URL is not set and BUZZ_LISTEN has no host: NIP-42 AUTH accepts the relay tag ws://<the request's Host header>; set BUZZ_RELAY_URL to the URL clients use", "listen", cfg.Listen)
+		}
 	}
 
 	var (
@@ -214,6 +217,26 @@ func runServe(args []string) error {
 	}
 	log.Info("stopped")
 	return runErr
+}
+
+// defaultRelayURL is the NIP-42 relay URL when BUZZ_RELAY_URL is unset: ws:// + BUZZ_LISTEN as
+// written (clients type the host the operator typed, e.g. localhost, not what it resolves to),
+// with the chosen port when the port is 0. A wildcard host (":7777", "0.0.0.0:7777") names no
+// URL a client could use: "" leaves the relay to take the request's Host header.
+func defaultRelayURL(listen, bound string) string {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "ws://" + bound
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		return ""
+	}
+	if port == "0" || port == "" {
+		if _, p, err := net.SplitHostPort(bound); err == nil {
+			port = p
+		}
+	}
+	return "ws://" + net.JoinHostPort(host, port)
 }
 
 // untilSlot answers 503 until the fan-out's replication slot exists. A client served before then
