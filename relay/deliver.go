@@ -3,7 +3,10 @@ package relay
 import (
 	"context"
 	"slices"
+	"strconv"
 	"time"
+
+	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/evt"
 	"github.com/buzzpg/buzzpg/internal/metrics"
@@ -16,8 +19,8 @@ import (
 // server shuts down: the replication stream (our caller) waits, and acknowledges nothing past this
 // event meanwhile, instead of losing a gated event its members are subscribed to.
 func (s *Server) Deliver(d evt.Delivery) {
-	if d.Event == nil {
-		return
+	if d.Event == nil || expired(d.Event, timeNow().Unix()) {
+		return // NIP-40: an event that expired while it travelled (replication lag) is not served
 	}
 	defer func() {
 		if p := recover(); p != nil {
@@ -48,6 +51,18 @@ func (s *Server) Deliver(d evt.Delivery) {
 		}
 		c.deliver(d, js)
 	}
+}
+
+// expired reports whether ev carries a NIP-40 expiration at or before now. accept_event refuses
+// malformed values, so one that does not parse is treated as none.
+func expired(ev *nostr.Event, now int64) bool {
+	for _, t := range ev.Tags {
+		if len(t) >= 2 && t[0] == "expiration" {
+			at, err := strconv.ParseInt(t[1], 10, 64)
+			return err == nil && at <= now
+		}
+	}
+	return false
 }
 
 // deliveryMembers reads the member set of d's channel on the acceptance pool, retrying with capped
