@@ -128,6 +128,11 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	if c.DatabaseURL == "" {
 		return c, fmt.Errorf("DATABASE_URL is not set: point it at PostgreSQL (make run starts a private cluster and sets it)")
 	}
+	// The relay and accept_event must enforce the same bound, and the relay advertises it in
+	// NIP-11; 0 would mean "900" to the first and "no future at all" to the second.
+	if c.MaxFutureSeconds <= 0 {
+		return c, fmt.Errorf("BUZZ_MAX_FUTURE_SECONDS must be at least 1 (got %d)", c.MaxFutureSeconds)
+	}
 	if c.InstanceID == "" {
 		host, _ := os.Hostname()
 		c.InstanceID = fmt.Sprintf("%s_%d_%d", host, os.Getpid(), time.Now().UnixNano()%1e6)
