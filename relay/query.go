@@ -127,6 +127,17 @@ func (c *conn) runInitial(sub *subscription) {
 		return
 	}
 	hooks.At(sub.ctx, "relay.req.queried")
+	recent := 0
+	for _, r := range rows {
+		if r.recent {
+			recent++
+		}
+	}
+	// Room for every recent row beside the live traffic, so the newest rows (sent, and added,
+	// first) are not the first forgotten.
+	sub.mu.Lock()
+	sub.seen.grow(seenPerSub + recent)
+	sub.mu.Unlock()
 	for _, r := range rows {
 		key := keyOf(r.id)
 		msg := eventMessage(sub.prefix, r.json)
@@ -207,13 +218,14 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) ([]st
 	var out []storedRow
 	var ev nostr.Event
 	var tags string
-	var recent bool
+	var receivedMs int64
+	cutoff := c.s.recentCutoff()
 	total := 0
 	prev := ""
 	for rows.Next() {
 		var kind int32
 		var createdAt int64
-		if err := rows.Scan(&ev.ID, &ev.PubKey, &createdAt, &kind, &tags, &ev.Content, &ev.Sig, &recent); err != nil {
+		if err := rows.Scan(&ev.ID, &ev.PubKey, &createdAt, &kind, &tags, &ev.Content, &ev.Sig, &receivedMs); err != nil {
 			return nil, err
 		}
 		if ev.ID == prev {
@@ -228,7 +240,7 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) ([]st
 			c.log.Info("initial query truncated", "bytes", maxInitialBytes, "rows", len(out))
 			break
 		}
-		out = append(out, storedRow{id: ev.ID, json: js, recent: recent})
+		out = append(out, storedRow{id: ev.ID, json: js, recent: receivedMs > cutoff})
 	}
 	return out, rows.Err()
 }

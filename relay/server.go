@@ -44,6 +44,7 @@ type Server struct {
 	nextID  atomic.Uint64
 
 	memberWait time.Duration // how long one member-set lookup may take (memberLookupWait)
+	lag        atomic.Pointer[func() time.Duration]
 
 	// stop ends when Shutdown begins: work that would otherwise wait or retry gives up.
 	stop     context.Context
@@ -178,6 +179,20 @@ func (s *Server) snapshotConns() []*conn {
 		out = append(out, c)
 	}
 	return out
+}
+
+// SetReplicationLag tells the relay how far its replication stream is behind (serve passes the
+// fan-out's Lag): initial query rows that young may still arrive live and are remembered for
+// de-duplication.
+func (s *Server) SetReplicationLag(lag func() time.Duration) { s.lag.Store(&lag) }
+
+// recentCutoff is the arrival time (unix ms) after which an initial row may still come live.
+func (s *Server) recentCutoff() int64 {
+	window := recentWindow
+	if f := s.lag.Load(); f != nil {
+		window = max(window, 2*(*f)()+time.Minute)
+	}
+	return timeNow().Add(-window).UnixMilli()
 }
 
 // Shutdown stops accepting connections, tells every client (NOTICE, then close frame 1001) and

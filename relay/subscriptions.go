@@ -82,6 +82,20 @@ func (f *idFIFO[K]) has(k K) bool {
 	return ok
 }
 
+// grow raises the capacity to at least capacity, keeping every key and their order.
+func (f *idFIFO[K]) grow(capacity int) {
+	if capacity <= f.cap {
+		return
+	}
+	if f.next != 0 { // full and wrapped: oldest first again
+		ring := make([]K, 0, capacity)
+		ring = append(ring, f.ring[f.next:]...)
+		f.ring = append(ring, f.ring[:f.next]...)
+		f.next = 0
+	}
+	f.cap = capacity
+}
+
 // add inserts k; it reports false when k was already present.
 func (f *idFIFO[K]) add(k K) bool {
 	if _, ok := f.set[k]; ok {

@@ -184,6 +184,7 @@ func runServe(args []string) error {
 	}()
 	if fanout != nil {
 		metrics.RegisterFanout(fanout.Ready, fanout.Lag)
+		srv.SetReplicationLag(fanout.Lag)
 	}
 	log.Info("listening", "addr", addr, "relay_url", cfg.RelayURL, "relay_pubkey", pk, "relay", !cfg.NoRelay)
 
