@@ -1,5 +1,5 @@
--- Back to 0002: tombstones keyed by id alone (the earliest one per id is kept) and the first h
--- tag checked only.
+-- Back to 0002: tombstones keyed by id alone (the earliest one per id is kept), the first h
+-- tag checked only, and deletions gated only by targets stored gated now.
 
 DELETE FROM buzz.deleted_ids d USING buzz.deleted_ids k
  WHERE d.id = k.id AND (d.deleted_at, d.pubkey) > (k.deleted_at, k.pubkey);

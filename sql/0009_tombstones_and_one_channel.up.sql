@@ -1,4 +1,4 @@
--- Two acceptance fixes.
+-- Three acceptance fixes.
 --
 -- 1. NIP-09 tombstones are kept per (id, deleter). With the id alone as the key, a kind 5 naming
 --    someone else's id (accepted, and it deletes nothing) took the tombstone slot first; the
@@ -7,6 +7,9 @@
 -- 2. An event names at most one channel: only the first h tag was checked for membership, while
 --    every h value went into tagvals, so a member of one DM could place a message in another DM's
 --    #h history. Several h tags with the same value stay accepted.
+-- 3. A deletion (kind 5) is public only when every event it names is stored and public: a request
+--    naming a gated event that was already deleted, is not committed yet or is unknown was stored
+--    public, revealing the gated event's id.
 
 ALTER TABLE buzz.deleted_ids DROP CONSTRAINT deleted_ids_pkey;
 ALTER TABLE buzz.deleted_ids ADD PRIMARY KEY (id, pubkey);
@@ -198,11 +201,19 @@ BEGIN
     END IF;
     sc := 'p';
   ELSIF e_kind = 5 THEN
+    -- A deletion is public only when every event it names is stored and public right now. A target
+    -- that is gated, already deleted, not committed yet or unknown here may be a gated event, and
+    -- a public request would reveal its id or address to everyone.
     IF sc = 'c'
-       OR EXISTS (SELECT 1 FROM buzz.events x
-                   WHERE x.id = ANY (buzz.tag_values(e_tags, 'e')) AND x.scope <> '*')
-       OR EXISTS (SELECT 1 FROM unnest(buzz.tag_values(e_tags, 'a')) a
-                   WHERE split_part(a, ':', 1) IN ('30300', '30622', '41010', '41011', '41012', '1059')) THEN
+       OR EXISTS (SELECT 1 FROM unnest(buzz.tag_values(e_tags, 'e')) AS t(id)
+                   WHERE NOT EXISTS (SELECT 1 FROM buzz.events x WHERE x.id = t.id AND x.scope = '*'))
+       OR EXISTS (SELECT 1 FROM unnest(buzz.tag_values(e_tags, 'a')) AS a(v)
+                   CROSS JOIN LATERAL (SELECT regexp_match(a.v, '^([0-9]{1,5}):([0-9a-f]{64}):(.*)$') AS r) m
+                   WHERE m.r IS NULL
+                      OR m.r[1] IN ('30300', '30622', '41010', '41011', '41012', '1059')
+                      OR NOT EXISTS (SELECT 1 FROM buzz.events x
+                                      WHERE x.kind = m.r[1]::integer AND x.pubkey = m.r[2] AND x.scope = '*'
+                                        AND (x.kind NOT BETWEEN 30000 AND 39999 OR x.d_tag = m.r[3]))) THEN
       sc := 'a';
     END IF;
   END IF;

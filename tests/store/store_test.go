@@ -340,6 +340,53 @@ func TestReadScopes(t *testing.T) {
 	if scope(del.ID) != "a" {
 		t.Fatalf("deletion of a gated event has scope %q", scope(del.ID))
 	}
+	// Public only when every target is stored and public now: a second request for the deleted
+	// gift wrap, or one naming an id or address unknown here, could be about a gated event.
+	post := u.Event(t, 30023, nostr.Tags{{"d", "post"}}, "article")
+	pub2 := u.Event(t, 1, nil, "public too")
+	e.accept(post)
+	e.accept(pub2)
+	for _, c := range []struct {
+		name  string
+		tags  nostr.Tags
+		scope string
+	}{
+		{"again, the gift wrap gone", nostr.Tags{{"e", wrap.ID}}, "a"},
+		{"unknown id", nostr.Tags{{"e", randomHex(64)}}, "a"},
+		{"public and unknown ids", nostr.Tags{{"e", pub.ID}, {"e", randomHex(64)}}, "a"},
+		{"unknown address", nostr.Tags{{"a", "30023:" + u.PK + ":draft"}}, "a"},
+		{"reminder address", nostr.Tags{{"a", "30300:" + u.PK + ":r1"}}, "a"},
+		{"public address", nostr.Tags{{"a", "30023:" + u.PK + ":post"}}, "*"},
+		{"public id", nostr.Tags{{"e", pub2.ID}}, "*"},
+	} {
+		d := u.Event(t, 5, c.tags, c.name)
+		ok, msg := e.accept(d)
+		expect(t, ok, msg, true, "")
+		if got := scope(d.ID); got != c.scope {
+			t.Errorf("deletion naming %s: scope %q, want %q", c.name, got, c.scope)
+		}
+	}
+}
+
+// A deletion racing the publication of the gated event it names: the event is not committed when
+// the deletion's scope is decided, so the deletion must not be public.
+func TestDeletionOfUncommittedGatedEventIsNotPublic(t *testing.T) {
+	e := newEnv(t)
+	u, v := testenv.NewUser(), testenv.NewUser()
+	wrap := u.Event(t, 1059, nostr.Tags{{"p", v.PK}}, "sealed")
+	del := u.Event(t, 5, nostr.Tags{{"e", wrap.ID}}, "")
+	ok, msg, _ := e.race(wrap, del)
+	expect(t, ok, msg, true, "")
+	var s string
+	if err := e.pool.QueryRow(context.Background(), `SELECT scope::text FROM buzz.events WHERE id = $1`, del.ID).Scan(&s); err != nil {
+		t.Fatal(err)
+	}
+	if s != "a" {
+		t.Fatalf("deletion of an in-flight gift wrap stored with scope %q, want author-only", s)
+	}
+	if e.stored(wrap.ID) {
+		t.Fatal("the gift wrap survived its deletion")
+	}
 }
 
 // An event and its deletion committing at the same time: whichever commits first, the event
