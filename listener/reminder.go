@@ -286,6 +286,12 @@ func (s *Scheduler) claimBatch(ctx context.Context) ([]claim, error) {
 //   - anything else (connection lost mid-statement, at COMMIT): the outcome is unknown, so re-read
 //     the rows by stamp instead of rolling back (resolveUnknown).
 func (s *Scheduler) confirmBatch(ctx context.Context, claims []claim) error {
+	return s.confirmUntil(ctx, claims, time.Time{})
+}
+
+// confirmUntil is confirmBatch inside the resolution of an unknown outcome begun earlier: until
+// (zero outside one) bounds every re-read and re-confirm of that resolution together.
+func (s *Scheduler) confirmUntil(ctx context.Context, claims []claim, until time.Time) error {
 	ids, stamps := claimArrays(claims)
 	confirmed := map[string]bool{}
 	err := func() error {
@@ -314,7 +320,10 @@ func (s *Scheduler) confirmBatch(ctx context.Context, claims []claim) error {
 		return err
 	default:
 		s.log.Warn("reminder confirm outcome unknown; re-reading by stamp", "n", len(claims), "err", err)
-		return s.resolveUnknown(context.WithoutCancel(ctx), claims)
+		if until.IsZero() {
+			until = time.Now().Add(s.cfg.Lease)
+		}
+		return s.resolveUnknown(context.WithoutCancel(ctx), claims, until)
 	}
 }
 
@@ -348,10 +357,11 @@ func (s *Scheduler) finish(claims []claim, confirmed map[string]bool) {
 // resolveUnknown re-reads the rows after a confirm whose commit outcome is unknown. Rows confirmed
 // under our stamp were emitted; rows still claimed under our stamp did not commit and are
 // confirmed again (the fence makes that safe); anything else is no longer ours. If the database
-// stays unreachable the claims are left to lease recovery, which is stamp-fenced too.
-func (s *Scheduler) resolveUnknown(ctx context.Context, claims []claim) error {
+// stays unreachable, or confirms keep ending without an answer, until the lease from the first
+// unknown outcome has passed, the claims are left to lease recovery, which is stamp-fenced too.
+func (s *Scheduler) resolveUnknown(ctx context.Context, claims []claim, until time.Time) error {
 	ids, stamps := claimArrays(claims)
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.Lease)
+	ctx, cancel := context.WithDeadline(ctx, until)
 	defer cancel()
 	wait := s.cfg.MinInterval
 	for {
@@ -390,7 +400,7 @@ func (s *Scheduler) resolveUnknown(ctx context.Context, claims []claim) error {
 				return nil
 			}
 			s.log.Info("reminder confirm did not commit; confirming again", "n", len(retry))
-			return s.confirmBatch(ctx, retry)
+			return s.confirmUntil(ctx, retry, until)
 		}
 		if ctx.Err() != nil {
 			s.log.Error("reminder confirm outcome still unknown; leaving claims to lease recovery",
@@ -463,8 +473,16 @@ func claimArrays(claims []claim) ([]string, []int64) {
 
 // isServerError reports whether PostgreSQL answered with an ERROR: the statement (and its implicit
 // transaction) was then rolled back for certain. A FATAL (e.g. pg_terminate_backend) may arrive
-// after the commit already happened, so it counts as an unknown outcome.
+// after the commit already happened, so it counts as an unknown outcome. Severity is translated
+// by lc_messages ("FEHLER"); the unlocalized field is not.
 func isServerError(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Severity == "ERROR"
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	sev := pgErr.SeverityUnlocalized
+	if sev == "" { // servers before 9.6
+		sev = pgErr.Severity
+	}
+	return sev == "ERROR"
 }

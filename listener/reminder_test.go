@@ -6,6 +6,7 @@ package listener
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nbd-wtf/go-nostr"
 
@@ -285,7 +287,7 @@ func TestSchedulerResolveUnknownCommitted(t *testing.T) {
 	if _, err := e.pool.Exec(ctx, `SELECT buzz.confirm_reminder_claims($1, $2)`, []string{ev.ID}, []int64{stamp}); err != nil {
 		t.Fatal(err)
 	}
-	s.resolveUnknown(ctx, []claim{{id: ev.ID, notBefore: int64(ev.CreatedAt), stamp: stamp}})
+	s.resolveUnknown(ctx, []claim{{id: ev.ID, notBefore: int64(ev.CreatedAt), stamp: stamp}}, time.Now().Add(time.Minute))
 	if s.confirmed.Load() != 1 || s.rolled.Load() != 0 || len(s.inflight) != 0 {
 		t.Fatalf("confirmed %d rolled %d inflight %v", s.confirmed.Load(), s.rolled.Load(), s.inflight)
 	}
@@ -376,4 +378,80 @@ func TestSchedulerRecoversStalledClaimOnce(t *testing.T) {
 	if due := e.dueStamps(); len(due[ev.ID]) != 1 {
 		t.Fatalf("due messages %v, want exactly one", due)
 	}
+}
+
+func TestIsServerErrorUsesUnlocalizedSeverity(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{&pgconn.PgError{Severity: "ERROR", SeverityUnlocalized: "ERROR"}, true},
+		{&pgconn.PgError{Severity: "FEHLER", SeverityUnlocalized: "ERROR"}, true}, // lc_messages = de_DE
+		{&pgconn.PgError{Severity: "FATAL", SeverityUnlocalized: "FATAL"}, false},
+		{&pgconn.PgError{Severity: "SCHWER", SeverityUnlocalized: "FATAL"}, false},
+		{fmt.Errorf("confirm: %w", &pgconn.PgError{Severity: "ERROR"}), true}, // before 9.6
+		{errors.New("connection reset"), false},
+	} {
+		if got := isServerError(c.err); got != c.want {
+			t.Errorf("isServerError(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
+}
+
+// Every confirm loses its connection before answering (the trigger terminates its own backend):
+// the outcome stays unknown however often the scheduler re-reads and confirms again. The
+// resolution ends once the lease from the first unknown outcome has passed, leaving the claim to
+// lease recovery, instead of starting a fresh lease on every attempt and never ending.
+func TestSchedulerUnknownOutcomesEndAfterOneLease(t *testing.T) {
+	e := newRemEnv(t)
+	ctx := context.Background()
+	_, err := e.pool.Exec(ctx, `
+		CREATE SEQUENCE buzz.test_confirm_attempts;
+		CREATE FUNCTION buzz.test_kill_confirm() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+		  IF NEW.state = 'confirmed' THEN
+		    PERFORM nextval('buzz.test_confirm_attempts'); -- not transactional: counts every attempt
+		    PERFORM pg_terminate_backend(pg_backend_pid());
+		    PERFORM pg_sleep(5); -- the termination interrupts this
+		  END IF;
+		  RETURN NEW;
+		END $$;
+		CREATE TRIGGER test_kill_confirm BEFORE UPDATE ON buzz.reminders
+		  FOR EACH ROW EXECUTE FUNCTION buzz.test_kill_confirm();`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := e.store(time.Now().Unix() - 1)
+	const lease = time.Second
+	s := NewScheduler(SchedulerConfig{InstanceID: "x", Lease: lease, Logger: slog.New(slog.NewTextHandler(remTLog{t}, nil))}, e.pool)
+	var stamp int64
+	if err := e.pool.QueryRow(ctx, `SELECT stamp FROM buzz.claim_due_reminders(10, '1 minute', false)`).Scan(&stamp); err != nil {
+		t.Fatal(err)
+	}
+	s.inflight[ev.ID] = stamp
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		done <- s.confirmBatch(ctx, []claim{{id: ev.ID, notBefore: int64(ev.CreatedAt), stamp: stamp}})
+	}()
+	select {
+	case <-done:
+	case <-time.After(20 * lease):
+		t.Fatal("the scheduler kept resolving an unknown outcome long past one lease")
+	}
+	took := time.Since(start)
+	var attempts int64
+	if err := e.pool.QueryRow(ctx, `SELECT last_value FROM buzz.test_confirm_attempts`).Scan(&attempts); err != nil {
+		t.Fatal(err)
+	}
+	if attempts < 2 {
+		t.Fatalf("%d confirm attempts: the unknown outcome was not re-confirmed", attempts)
+	}
+	if st, rb, _ := e.state(ev.ID); st != "claimed" || rb != 0 {
+		t.Fatalf("after giving up: state %s, %d rollbacks; want the claim left to lease recovery", st, rb)
+	}
+	if due := e.dueStamps(); len(due[ev.ID]) != 0 {
+		t.Fatalf("due messages %v, want none", due)
+	}
+	t.Logf("gave up after %s and %d confirm attempts", took.Round(time.Millisecond), attempts)
 }
