@@ -169,8 +169,8 @@ func (p *Publisher) sweep(ctx context.Context) {
 	}
 }
 
-// maxChunk bounds how many viewers one claim, and so one publication transaction, covers (the
-// state row locks of a chunk are held until its commit).
+// maxChunk bounds how many fresh viewers one claim, and so one publication transaction, covers
+// (plus up to a quarter more in backoff; the state row locks of a chunk are held until its commit).
 const maxChunk = 32
 
 func (p *Publisher) kickDrain() {

@@ -211,7 +211,7 @@ func (p *Publisher) worker(ctx context.Context) {
 			if len(batch) == 0 {
 				break
 			}
-			if len(batch) == size {
+			if len(batch) >= size { // a claim may add rows in backoff on top of size
 				p.kickDrain() // probably more waiting: wake another idle worker
 			}
 			sort.Slice(batch, func(i, j int) bool { return batch[i].viewer < batch[j].viewer })

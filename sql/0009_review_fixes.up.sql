@@ -1,4 +1,4 @@
--- Three acceptance fixes.
+-- Fixes from a review of acceptance and the visibility outbox.
 --
 -- 1. NIP-09 tombstones are kept per (id, deleter). With the id alone as the key, a kind 5 naming
 --    someone else's id (accepted, and it deletes nothing) took the tombstone slot first; the
@@ -10,6 +10,7 @@
 -- 3. A deletion (kind 5) is public only when every event it names is stored and public: a request
 --    naming a gated event that was already deleted, is not committed yet or is unknown was stored
 --    public, revealing the gated event's id.
+-- 4. The COMMENT of claim_visibility_work says what it does: rows in backoff come on top of p_max.
 
 ALTER TABLE buzz.deleted_ids DROP CONSTRAINT deleted_ids_pkey;
 ALTER TABLE buzz.deleted_ids ADD PRIMARY KEY (id, pubkey);
@@ -308,3 +309,6 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION buzz.accept_event(jsonb) IS
   'The whole acceptance of one event whose id and signature the CALLER HAS VERIFIED (execute is granted to buzz_relay and buzz_operator only; operators post with `buzzpg send`, which signs). Stores with NIP-01 replacement, applies NIP-09/NIP-40, runs DM commands, resurfaces hidden DMs and bumps visibility generations, arms reminders, fans out ephemeral events, all in the caller''s transaction. Returns (ok, message) for accepted/duplicate/have-newer/deleted; raises BZ400/BZ401/BZ403 (message carries the OK prefix) for rejections.';
+
+COMMENT ON FUNCTION buzz.claim_visibility_work(uuid, integer, interval) IS
+  'Claims up to p_max fresh available outbox rows plus up to greatest(1, p_max / 4) rows in backoff (so rows that keep failing never starve fresh work, nor fresh work them), FOR UPDATE SKIP LOCKED, expired leases re-taken, under claim id p_claim until now() + p_lease. Commit it on its own: no lock is held afterwards. Commits with synchronous_commit off (a claim lost in a crash only makes the row claimable again).';

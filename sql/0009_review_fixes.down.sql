@@ -282,3 +282,6 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION buzz.accept_event(jsonb) IS
   'The whole acceptance of one event whose id and signature the CALLER HAS VERIFIED (execute is granted to buzz_relay and buzz_operator only; operators post with `buzzpg send`, which signs). Stores with NIP-01 replacement, applies NIP-09/NIP-40, runs DM commands, resurfaces hidden DMs and bumps visibility generations, arms reminders, fans out ephemeral events, all in the caller''s transaction. Returns (ok, message) for accepted/duplicate/have-newer/deleted; raises BZ400/BZ401/BZ403 (message carries the OK prefix) for rejections.';
+
+COMMENT ON FUNCTION buzz.claim_visibility_work(uuid, integer, interval) IS
+  'Claims up to p_max available outbox rows (FOR UPDATE SKIP LOCKED; fresh rows first, rows in backoff get at most a quarter of the batch; expired leases are re-taken) under claim id p_claim until now() + p_lease. Commit it on its own: no lock is held afterwards. Commits with synchronous_commit off (a claim lost in a crash only makes the row claimable again).';
