@@ -1,5 +1,9 @@
--- Back to 0002: tombstones keyed by id alone (the earliest one per id is kept), the first h
--- tag checked only, and deletions gated only by targets stored gated now.
+-- Back to 0002-0008: tombstones keyed by id alone (the earliest one per id is kept), the first h
+-- tag checked only, deletions gated only by targets stored gated now, the old claim COMMENT, and
+-- no trigger for moved hidden member rows.
+
+DROP TRIGGER members_hidden_moved ON buzz.members;
+DROP FUNCTION buzz.members_hidden_moved();
 
 DELETE FROM buzz.deleted_ids d USING buzz.deleted_ids k
  WHERE d.id = k.id AND (d.deleted_at, d.pubkey) > (k.deleted_at, k.pubkey);

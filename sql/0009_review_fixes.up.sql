@@ -11,6 +11,8 @@
 --    naming a gated event that was already deleted, is not committed yet or is unknown was stored
 --    public, revealing the gated event's id.
 -- 4. The COMMENT of claim_visibility_work says what it does: rows in backoff come on top of p_max.
+-- 5. A raw UPDATE that moves a hidden member row to another pubkey or channel changes the hidden
+--    sets of the viewers involved; their generations now move too (only hidden_at changes did).
 
 ALTER TABLE buzz.deleted_ids DROP CONSTRAINT deleted_ids_pkey;
 ALTER TABLE buzz.deleted_ids ADD PRIMARY KEY (id, pubkey);
@@ -312,3 +314,19 @@ COMMENT ON FUNCTION buzz.accept_event(jsonb) IS
 
 COMMENT ON FUNCTION buzz.claim_visibility_work(uuid, integer, interval) IS
   'Claims up to p_max fresh available outbox rows plus up to greatest(1, p_max / 4) rows in backoff (so rows that keep failing never starve fresh work, nor fresh work them), FOR UPDATE SKIP LOCKED, expired leases re-taken, under claim id p_claim until now() + p_lease. Commit it on its own: no lock is held afterwards. Commits with synchronous_commit off (a claim lost in a crash only makes the row claimable again).';
+
+CREATE FUNCTION buzz.members_hidden_moved() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  -- Viewer state rows in viewer order (the documented lock order).
+  PERFORM buzz.bump_visibility(v)
+     FROM (SELECT DISTINCT v FROM unnest(ARRAY[OLD.pubkey, NEW.pubkey]) AS u(v)) x
+    ORDER BY v;
+  RETURN NULL;
+END $$;
+COMMENT ON FUNCTION buzz.members_hidden_moved() IS
+  'Trigger: a hidden member row moved to another pubkey or channel (raw UPDATE) bumps the generation of the old and the new viewer.';
+CREATE TRIGGER members_hidden_moved AFTER UPDATE OF channel_id, pubkey ON buzz.members
+  FOR EACH ROW WHEN ((OLD.hidden_at IS NOT NULL OR NEW.hidden_at IS NOT NULL)
+                     AND (OLD.channel_id, OLD.pubkey) IS DISTINCT FROM (NEW.channel_id, NEW.pubkey))
+  EXECUTE FUNCTION buzz.members_hidden_moved();

@@ -291,6 +291,17 @@ func TestOperatorHideFromSQL(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.assertAgree(b, 3)
+	// Moving the hidden row to another viewer (a raw UPDATE of pubkey) changes two hidden sets:
+	// both generations move.
+	e.assertAgree(x, 0)
+	if _, err := e.pool.Exec(context.Background(), `UPDATE buzz.members SET pubkey = $3 WHERE channel_id=$1 AND pubkey=$2`, ch, b.PK, x.PK); err != nil {
+		t.Fatal(err)
+	}
+	e.assertAgree(b, 4)
+	e.assertAgree(x, 1)
+	if _, err := e.pool.Exec(context.Background(), `UPDATE buzz.members SET pubkey = $3 WHERE channel_id=$1 AND pubkey=$2`, ch, x.PK, b.PK); err != nil {
+		t.Fatal(err)
+	}
 	_, err := e.pool.Exec(context.Background(), `SELECT buzz.hide_dm($1, $2)`, x.PK, ch)
 	if err == nil || !strings.Contains(err.Error(), "restricted:") {
 		t.Fatalf("non-member hide_dm: %v", err)
