@@ -3,7 +3,6 @@ package dm
 import (
 	"encoding/json"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/nbd-wtf/go-nostr"
@@ -51,24 +50,18 @@ func TestRaceHideAfterMessageStays(t *testing.T) {
 
 	m.Begin()
 	m.MustAccept(a.Event(t, 9, nostr.Tags{{"h", ch}}, ""))
-	var commits atomic.Int64
-	var hideCommitOrder int64
-	done := async(func() {
-		h.Begin()
-		h.MustAccept(b.Event(t, 41012, nostr.Tags{{"h", ch}}, ""))
-		h.Commit()
-		hideCommitOrder = commits.Add(1)
-	})
-	blocked := e.waitBlockedOrDone(h.PID, done)
-	m.Commit()
-	msgCommitOrder := commits.Add(1)
-	<-done
-	if !blocked || hideCommitOrder < msgCommitOrder {
-		// The hide committed before the message: commit order says the message clears it.
-		if e.hidden(b, ch) {
-			t.Fatalf("commit order broken: the hide committed first (hide #%d, message #%d) yet stays hidden", hideCommitOrder, msgCommitOrder)
-		}
+	h.Begin()
+	var hok bool
+	var hmsg string
+	var herr error
+	done := async(func() { hok, hmsg, herr = h.Accept(b.Event(t, 41012, nostr.Tags{{"h", ch}}, "")) })
+	if !e.waitBlockedOrDone(h.PID, done) {
+		t.Fatal("the hide did not wait for the uncommitted message: it could commit first and stay")
 	}
+	m.Commit()
+	<-done
+	must(t, hok, hmsg, herr)
+	h.Commit()
 	if !e.hidden(b, ch) {
 		t.Fatal("a hide that committed after the message was cleared")
 	}
@@ -76,47 +69,63 @@ func TestRaceHideAfterMessageStays(t *testing.T) {
 }
 
 // Two messages and one hide: message 1 holds the DM; the hide and message 2 queue behind it.
+// When message 1 commits, whichever of the two gets the rows first holds them until it commits
+// (the other is seen blocked meanwhile), so the commit order is known, not guessed.
 func TestRaceTwoMessagesOneHide(t *testing.T) {
 	e := newEnv(t)
 	a, b := newUser(), newUser()
 	ch := e.open(a, b)
 	m1, h, m2 := e.session("msg1"), e.session("hide"), e.session("msg2")
-	var commits atomic.Int64
-	var hideAt, m2At int64
+	type result struct {
+		ok  bool
+		msg string
+		err error
+	}
+	var hr, m2r result
 
 	m1.Begin()
 	m1.MustAccept(a.Event(t, 9, nostr.Tags{{"h", ch}}, ""))
-	hDone := async(func() {
-		h.Begin()
-		h.MustAccept(b.Event(t, 41012, nostr.Tags{{"h", ch}}, ""))
-		h.Commit()
-		hideAt = commits.Add(1)
-	})
+	h.Begin()
+	hDone := async(func() { hr.ok, hr.msg, hr.err = h.Accept(b.Event(t, 41012, nostr.Tags{{"h", ch}}, "")) })
 	if !e.waitBlockedOrDone(h.PID, hDone) {
 		t.Fatal("the hide did not wait for message 1")
 	}
-	m2Done := async(func() {
-		m2.Begin()
-		m2.MustAccept(a.Event(t, 40002, nostr.Tags{{"h", ch}}, ""))
-		m2.Commit()
-		m2At = commits.Add(1)
-	})
+	m2.Begin()
+	m2Done := async(func() { m2r.ok, m2r.msg, m2r.err = m2.Accept(a.Event(t, 40002, nostr.Tags{{"h", ch}}, "")) })
 	if !e.waitBlockedOrDone(m2.PID, m2Done) {
 		t.Fatal("message 2 did not wait for message 1")
 	}
 	m1.Commit()
-	commits.Add(1)
-	<-hDone
-	<-m2Done
-	switch {
-	case hideAt < m2At: // hide, then message 2: cleared, two generations
+	hideFirst := false
+	select {
+	case <-hDone:
+		hideFirst = true
+		must(t, hr.ok, hr.msg, hr.err)
+		if !e.waitBlockedOrDone(m2.PID, m2Done) {
+			t.Fatal("message 2 did not wait for the uncommitted hide")
+		}
+		h.Commit()
+		<-m2Done
+		must(t, m2r.ok, m2r.msg, m2r.err)
+		m2.Commit()
+	case <-m2Done:
+		must(t, m2r.ok, m2r.msg, m2r.err)
+		if !e.waitBlockedOrDone(h.PID, hDone) {
+			t.Fatal("the hide did not wait for uncommitted message 2")
+		}
+		m2.Commit()
+		<-hDone
+		must(t, hr.ok, hr.msg, hr.err)
+		h.Commit()
+	}
+	if hideFirst { // hide, then message 2: cleared, two generations
 		if e.hidden(b, ch) {
-			t.Fatalf("hide committed (#%d) before message 2 (#%d) but stays", hideAt, m2At)
+			t.Fatal("the hide committed before message 2 but stays")
 		}
 		e.assertAgree(b, 2)
-	default: // message 2, then hide: hidden, one generation
+	} else { // message 2, then hide: hidden, one generation
 		if !e.hidden(b, ch) {
-			t.Fatalf("hide committed (#%d) after message 2 (#%d) but was cleared", hideAt, m2At)
+			t.Fatal("the hide committed after message 2 but was cleared")
 		}
 		e.assertAgree(b, 1)
 	}
