@@ -4,8 +4,9 @@
 
 SHELL := /bin/bash
 GO ?= go
-# Verify signatures with libsecp256k1 (cgo) when its headers are installed; pure Go otherwise.
-SECP := $(shell test -f /usr/include/secp256k1.h && echo libsecp256k1)
+# Verify signatures with libsecp256k1 (cgo) when its headers are installed and cgo works (Go turns
+# it off without a C compiler, and go-nostr's libsecp256k1 build has no pure-Go fallback); pure Go otherwise.
+SECP := $(shell test -f /usr/include/secp256k1.h && [ "$$($(GO) env CGO_ENABLED 2>/dev/null)" = 1 ] && echo libsecp256k1)
 TAGS ?= $(SECP)
 TEST_TAGS ?= $(strip $(SECP) testhooks)
 BIN := bin/buzzpg

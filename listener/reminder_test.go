@@ -165,8 +165,10 @@ func TestSchedulerSleepsUntilNotBeforeAndEmitsOnce(t *testing.T) {
 	if err := e.pool.QueryRow(context.Background(), `SELECT confirmed_at - to_timestamp(not_before) FROM buzz.reminders WHERE id = $1`, ev.ID).Scan(&late); err != nil {
 		t.Fatal(err)
 	}
-	if late < 0 || late > 500*time.Millisecond {
-		t.Fatalf("confirmed %s after not_before, want within [0, 500ms]", late)
+	// Without the NOTIFY wake-up the scheduler would sleep on towards `far` (max_sleep 5 s); the
+	// bound leaves room for a loaded CI machine and still tells the two apart.
+	if late < 0 || late > 2*time.Second {
+		t.Fatalf("confirmed %s after not_before, want within [0, 2s]", late)
 	}
 	past := e.store(time.Now().Unix() - 60) // already due: emitted at once
 	e.waitState(past.ID, "confirmed", 5*time.Second)

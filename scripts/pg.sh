@@ -110,7 +110,7 @@ restart_immediate() {
 # Drop databases earlier test runs left behind (and their replication slots).
 dropdbs() {
   local bin; bin=$(find_bindir)
-  local q="psql -h 127.0.0.1 -p $PORT -U postgres -d postgres -tAq"
+  local q="$bin/psql -h 127.0.0.1 -p $PORT -U postgres -d postgres -tAq"
   for d in $(as_pg $q -c "SELECT datname FROM pg_database WHERE datname ~ '^buzz_(t|f|tpl)_'"); do
     as_pg $q -c "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database='$d' AND active_pid IS NOT NULL" >/dev/null
     as_pg $q -c "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database='$d'" >/dev/null 2>&1 || true

@@ -209,7 +209,7 @@ func TestFanoutKilledProcessSlotIsReaped(t *testing.T) {
 	}
 	gone := time.Since(killed)
 	t.Logf("slot of the killed process dropped %s after kill -9 (StaleAfter %s)", gone, stale)
-	if gone > stale+stale/3+stale/10+time.Second {
+	if gone > stale+stale/3+stale/10+3*time.Second { // 3 s for the reaper's own work on a loaded machine
 		t.Errorf("slot dropped after %s; documented bound is StaleAfter + StaleAfter/3 (+10%% jitter) = %s", gone, stale+stale/3+stale/10)
 	}
 	ev := author.event(1, "after reaping")

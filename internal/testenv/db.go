@@ -4,6 +4,7 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -171,6 +172,13 @@ func dbName(prefix string) string {
 func DB(t testing.TB) string {
 	t.Helper()
 	pkgOnce.Do(func() {
+		// template and createFrom end the first test with t.Fatal on failure; every later test
+		// then gets this error instead of an empty URL.
+		defer func() {
+			if pkgURL == "" {
+				pkgErr = errors.New("testenv: this package's database could not be set up (see the first failing test)")
+			}
+		}()
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
 		tpl := template(ctx, t)
@@ -237,8 +245,11 @@ func DatabaseName(u string) string {
 // dropped afterwards.
 func EmptyDB(t testing.TB) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	// The migrated template exists first: its migration creates the cluster-wide roles under a
+	// lock, so migrations of empty databases never race each other creating them.
+	template(ctx, t)
 	name := dbName("buzz_f")
 	c := adminConn(ctx, t)
 	defer c.Close(ctx)
