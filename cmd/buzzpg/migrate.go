@@ -13,7 +13,7 @@ import (
 
 func runMigrate(args []string) error {
 	if len(args) < 1 {
-		return errors.New("usage: buzzpg migrate up|down|version|force N")
+		return errors.New("usage: buzzpg migrate up | down N | down all | version | force VERSION")
 	}
 	url := os.Getenv("DATABASE_URL")
 	if url == "" {
@@ -24,12 +24,29 @@ func runMigrate(args []string) error {
 	case "up":
 		return db.MigrateUp(url, log)
 	case "down":
+		// Down migrations drop data (the last one drops schema buzz): say how far, explicitly.
+		steps := 0
+		if len(args) == 2 && args[1] == "all" {
+			steps = -1
+		} else if len(args) == 2 {
+			if n, err := strconv.Atoi(args[1]); err == nil && n > 0 {
+				steps = n
+			}
+		}
+		if steps == 0 {
+			return errors.New("usage: buzzpg migrate down N (undo the last N migrations) or down all (drops schema buzz and every event)")
+		}
 		m, err := db.NewMigrator(url, log)
 		if err != nil {
 			return err
 		}
 		defer m.Close()
-		if err := m.Down(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
+		if steps < 0 {
+			err = m.Down()
+		} else {
+			err = m.Steps(-steps)
+		}
+		if err != nil && !errors.Is(err, migrate.ErrNoChange) {
 			return err
 		}
 		return nil

@@ -256,8 +256,9 @@ func untilSlot(ready <-chan struct{}, next http.Handler) http.Handler {
 	})
 }
 
-// checkSchema refuses to serve a database whose schema is missing, dirty or newer than this
-// binary understands, with what to do about it.
+// checkSchema refuses to serve a database whose schema is missing, dirty or older than this
+// binary needs, with what to do about it. A newer schema is served: during a rolling deploy the
+// migrations run first and the old binaries keep serving until they are replaced.
 func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	var version int64
 	var dirty bool
@@ -266,7 +267,11 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("schema: cannot read %s (%v): apply migrations with `buzzpg migrate up` or start with BUZZ_AUTO_MIGRATE=true", db.MigrationsTable, err)
 	}
 	if dirty {
-		return fmt.Errorf("schema: migration %d failed halfway (dirty); fix the cause, then `buzzpg migrate force %d` and `buzzpg migrate up`", version, version-1)
+		prev := version - 1 // each migration is one transaction: the failed one left nothing
+		if prev == 0 {
+			prev = -1
+		}
+		return fmt.Errorf("schema: migration %d failed (dirty); fix the cause, then `buzzpg migrate force %d` and `buzzpg migrate up`", version, prev)
 	}
 	if uint(version) < db.LatestVersion() {
 		return fmt.Errorf("schema: database is at version %d, this binary needs %d: run `buzzpg migrate up`", version, db.LatestVersion())

@@ -74,7 +74,13 @@ func MigrateUp(databaseURL string, log *slog.Logger) error {
 	if err := m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
 		var dirty migrate.ErrDirty
 		if errors.As(err, &dirty) {
-			return fmt.Errorf("migrations: database is dirty at version %d (a migration failed halfway); fix the cause, then `buzzpg migrate force %d` (or the previous version) and retry", dirty.Version, dirty.Version)
+			// Each migration file runs as one transaction, so the failed one left nothing behind:
+			// the schema is at the previous version (-1: none).
+			prev := dirty.Version - 1
+			if prev == 0 {
+				prev = -1
+			}
+			return fmt.Errorf("migrations: database is dirty at version %d (migration %d failed); fix the cause, then `buzzpg migrate force %d` and retry", dirty.Version, dirty.Version, prev)
 		}
 		return fmt.Errorf("migrations: %w", err)
 	}

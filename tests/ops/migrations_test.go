@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 
 	"github.com/buzzpg/buzzpg/internal/db"
@@ -47,5 +48,29 @@ func TestMigrationsStepDownAndUpAgain(t *testing.T) {
 	v, dirty, current, err := db.SchemaStatus(url)
 	if err != nil || dirty || !current {
 		t.Fatalf("after down and up: version %d dirty=%v current=%v err=%v", v, dirty, current, err)
+	}
+}
+
+// `migrate down` drops data, so it wants a count (or "all"); without one it changes nothing.
+func TestMigrateDownNeedsACount(t *testing.T) {
+	url := testenv.EmptyDB(t)
+	env := []string{"DATABASE_URL=" + url}
+	if out, code := runBinary(t, env, "migrate", "up"); code != 0 {
+		t.Fatalf("migrate up: %s", out)
+	}
+	for _, args := range [][]string{{"migrate", "down"}, {"migrate", "down", "0"}, {"migrate", "down", "x"}} {
+		out, code := runBinary(t, env, args...)
+		if code == 0 || !strings.Contains(out, "down N") {
+			t.Fatalf("%v: exit %d, want a usage error:\n%s", args, code, out)
+		}
+	}
+	if v, _, current, err := db.SchemaStatus(url); err != nil || !current {
+		t.Fatalf("after refused downs: version %d current=%v err=%v", v, current, err)
+	}
+	if out, code := runBinary(t, env, "migrate", "down", "1"); code != 0 {
+		t.Fatalf("migrate down 1: %s", out)
+	}
+	if v, _, _, err := db.SchemaStatus(url); err != nil || v != db.LatestVersion()-1 {
+		t.Fatalf("after down 1: version %d err=%v, want %d", v, err, db.LatestVersion()-1)
 	}
 }
