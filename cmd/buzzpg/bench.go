@@ -89,6 +89,9 @@ func runBench(args []string) error {
 	if *conns < 1 {
 		return fmt.Errorf("--conns must be at least 1")
 	}
+	if *n < 1 || *spawn < 0 {
+		return fmt.Errorf("--n must be at least 1 and --spawn at least 0")
+	}
 
 	var spawnFn func(string, []string) (string, func(), error)
 	if *spawn > 0 {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -56,16 +57,24 @@ func envDur(name string, def time.Duration) time.Duration {
 		if d, err := time.ParseDuration(v); err == nil {
 			return d
 		}
-		fmt.Fprintf(os.Stderr, "buzzpg: ignoring %s=%q: not a duration (e.g. 5s)\n", name, v)
+		badEnv = append(badEnv, fmt.Sprintf("%s=%q is not a duration (e.g. 5s, 1m)", name, v))
 	}
 	return def
 }
 
+// badEnv collects environment values that do not parse: serve refuses to start on them rather
+// than run with a default the operator did not ask for (BUZZ_AUTO_MIGRATE=off must not migrate).
+var badEnv []string
+
 func envBool(name string, def bool) bool {
 	if v := os.Getenv(name); v != "" {
-		if b, err := strconv.ParseBool(v); err == nil {
-			return b
+		switch strings.ToLower(v) {
+		case "1", "t", "true", "yes", "y", "on":
+			return true
+		case "0", "f", "false", "no", "n", "off":
+			return false
 		}
+		badEnv = append(badEnv, fmt.Sprintf("%s=%q is not a boolean (true/false, yes/no, on/off, 1/0)", name, v))
 	}
 	return def
 }
@@ -75,6 +84,7 @@ func envInt(name string, def int) int {
 		if n, err := strconv.Atoi(v); err == nil {
 			return n
 		}
+		badEnv = append(badEnv, fmt.Sprintf("%s=%q is not an integer", name, v))
 	}
 	return def
 }
@@ -84,12 +94,14 @@ func envFloat(name string, def float64) float64 {
 		if n, err := strconv.ParseFloat(v, 64); err == nil {
 			return n
 		}
+		badEnv = append(badEnv, fmt.Sprintf("%s=%q is not a number", name, v))
 	}
 	return def
 }
 
 func parseServeConfig(args []string) (serveConfig, error) {
 	var c serveConfig
+	badEnv = nil
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.StringVar(&c.DatabaseURL, "database-url", envStr("DATABASE_URL", ""), "PostgreSQL URL (DATABASE_URL)")
 	fs.StringVar(&c.Listen, "listen", envStr("BUZZ_LISTEN", "127.0.0.1:7777"), "address for WebSocket and HTTP (BUZZ_LISTEN)")
@@ -124,6 +136,12 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	fs.DurationVar(&c.DBWait, "db-wait", envDur("BUZZ_DB_WAIT", 30*time.Second), "how long to wait for PostgreSQL at start, e.g. while it restarts (BUZZ_DB_WAIT)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
+	}
+	if len(badEnv) > 0 {
+		return c, fmt.Errorf("invalid environment: %s", strings.Join(badEnv, "; "))
+	}
+	if c.AcceptConns < 1 || c.QueryConns < 1 || c.AcceptConnsMin < 0 {
+		return c, fmt.Errorf("BUZZ_ACCEPT_CONNS and BUZZ_QUERY_CONNS must be at least 1, BUZZ_ACCEPT_CONNS_MIN at least 0 (got %d, %d, %d)", c.AcceptConns, c.QueryConns, c.AcceptConnsMin)
 	}
 	if c.DatabaseURL == "" {
 		return c, fmt.Errorf("DATABASE_URL is not set: point it at PostgreSQL (make run starts a private cluster and sets it)")

@@ -3,6 +3,8 @@
 package main
 
 import (
+	"errors"
+	"flag"
 	"fmt"
 	"os"
 )
@@ -11,7 +13,7 @@ const usage = `buzzpg: a Nostr relay for team chat whose side effects live in Po
 
 usage:
   buzzpg serve [flags]              run the relay and the listener (--no-relay: listener only)
-  buzzpg migrate up|down|version|force N
+  buzzpg migrate up | down N | down all | version | force VERSION
   buzzpg keygen [--out FILE]        print (or write) a new relay secret key
   buzzpg send --channel ID --as PUBKEY TEXT
                                     post a kind 9 signed by the relay key on PUBKEY's behalf
@@ -43,6 +45,9 @@ func main() {
 	default:
 		fmt.Fprintf(os.Stderr, "buzzpg: unknown command %q\n\n%s", os.Args[1], usage)
 		os.Exit(2)
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return // -h: the flag set printed the usage
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "buzzpg %s: %v\n", os.Args[1], err)

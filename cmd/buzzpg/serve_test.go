@@ -1,6 +1,9 @@
 package main
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestDefaultRelayURL(t *testing.T) {
 	for _, c := range []struct{ listen, bound, want string }{
@@ -28,5 +31,29 @@ func TestMaxFutureSecondsMustBePositive(t *testing.T) {
 	}
 	if c, err := parseServeConfig([]string{"--max-future-seconds", "60"}); err != nil || c.MaxFutureSeconds != 60 {
 		t.Errorf("--max-future-seconds 60: %v, %d", err, c.MaxFutureSeconds)
+	}
+}
+
+func TestServeEnvironmentIsParsedStrictly(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://localhost/x")
+	t.Setenv("BUZZ_AUTO_MIGRATE", "off") // what an operator writes for rolling deploys
+	c, err := parseServeConfig(nil)
+	if err != nil || c.AutoMigrate {
+		t.Fatalf("BUZZ_AUTO_MIGRATE=off: auto-migrate %v, err %v", c.AutoMigrate, err)
+	}
+	for name, val := range map[string]string{
+		"BUZZ_AUTO_MIGRATE":       "maybe",
+		"BUZZ_LEASE":              "5",
+		"BUZZ_MAX_FUTURE_SECONDS": "15m",
+		"BUZZ_EVENT_RATE":         "fast",
+		"BUZZ_ACCEPT_CONNS":       "-1",
+		"BUZZ_QUERY_CONNS":        "0",
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Setenv(name, val)
+			if _, err := parseServeConfig(nil); err == nil || !strings.Contains(err.Error(), name) {
+				t.Fatalf("%s=%q: err %v, want one naming the variable", name, val, err)
+			}
+		})
 	}
 }
