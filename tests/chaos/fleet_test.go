@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"path/filepath"
 	"sync"
@@ -12,14 +13,19 @@ import (
 	"github.com/buzzpg/buzzpg/internal/bench"
 )
 
+// freePort picks a free port below Linux's ephemeral range (32768-60999): a relay slot keeps its
+// port across restarts, and while it is down an outgoing connection could take an ephemeral one.
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for i := 0; i < 200; i++ {
+		p := 20000 + rand.IntN(12000)
+		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p)); err == nil {
+			l.Close()
+			return p
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("chaos: no free port in 20000-31999")
+	return 0
 }
 
 // fleet supervises the relay processes: slot i always listens on the same port, each incarnation
