@@ -2,6 +2,10 @@
 -- tag checked only, deletions gated only by targets stored gated now, the old claim COMMENT, and
 -- no trigger for moved hidden member rows.
 
+CREATE OR REPLACE FUNCTION buzz.is_hex64(s text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT s ~ '^[0-9a-f]{64}$' $$;
+COMMENT ON FUNCTION buzz.is_hex64(text) IS NULL;
+
 DROP TRIGGER members_hidden_moved ON buzz.members;
 DROP FUNCTION buzz.members_hidden_moved();
 

@@ -13,6 +13,15 @@
 -- 4. The COMMENT of claim_visibility_work says what it does: rows in backoff come on top of p_max.
 -- 5. A raw UPDATE that moves a hidden member row to another pubkey or channel changes the hidden
 --    sets of the viewers involved; their generations now move too (only hidden_at changes did).
+-- 6. Hex checks without bounded repetition: PostgreSQL's regex engine expands '{128}', so
+--    '^[0-9a-f]{128}$' costs 17.1 us per call against 0.9 us for a length test plus '^[0-9a-f]+$'
+--    ('{64}': 4.3 against 0.6 us). accept_event checks a signature and is_hex64 twice per event.
+--    Both are NULL-safe now: a psql call without id, pubkey or sig got past the shape check (NULL
+--    is not false) and failed later with a not-null violation instead of invalid:.
+
+CREATE OR REPLACE FUNCTION buzz.is_hex64(s text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT coalesce(length(s) = 64 AND s ~ '^[0-9a-f]+$', false) $$;
+COMMENT ON FUNCTION buzz.is_hex64(text) IS '64 lowercase hex characters (an event id or a pubkey); false for NULL.';
 
 ALTER TABLE buzz.deleted_ids DROP CONSTRAINT deleted_ids_pkey;
 ALTER TABLE buzz.deleted_ids ADD PRIMARY KEY (id, pubkey);
@@ -97,7 +106,8 @@ DECLARE
 BEGIN
   -- Shape. Go has checked id and signature; these guard psql callers and the columns.
   IF jsonb_typeof(ev) IS DISTINCT FROM 'object' OR NOT buzz.is_hex64(e_id) OR NOT buzz.is_hex64(e_pubkey)
-     OR e_sig !~ '^[0-9a-f]{128}$' OR jsonb_typeof(ev->'created_at') IS DISTINCT FROM 'number'
+     OR e_sig IS NULL OR length(e_sig) <> 128 OR e_sig !~ '^[0-9a-f]+$'
+     OR jsonb_typeof(ev->'created_at') IS DISTINCT FROM 'number'
      OR jsonb_typeof(ev->'kind') IS DISTINCT FROM 'number' OR jsonb_typeof(e_tags) IS DISTINCT FROM 'array'
      OR jsonb_typeof(ev->'content') IS DISTINCT FROM 'string' THEN
     PERFORM buzz.reject('BZ400', 'invalid: malformed event');

@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"strconv"
 	"strings"
 	"testing"
@@ -483,4 +484,49 @@ func TestEventNamesAtMostOneChannel(t *testing.T) {
 	if !e.stored(ev.ID) {
 		t.Fatal("a message naming its channel twice was not stored")
 	}
+}
+
+// accept_event's own shape checks (for psql callers, which skip the relay's): ids, pubkeys and
+// signatures must be lowercase hex of the right length; anything else is invalid and stores nothing.
+func TestShapeChecksForSQLCallers(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	u := testenv.NewUser()
+	base := u.Event(t, 1, nil, "shape")
+	raw := func(mut func(m map[string]any)) string {
+		b, _ := json.Marshal(base)
+		var m map[string]any
+		_ = json.Unmarshal(b, &m)
+		mut(m)
+		out, _ := json.Marshal(m)
+		return string(out)
+	}
+	sig := base.Sig
+	for name, mut := range map[string]func(m map[string]any){
+		"sig 127 chars":   func(m map[string]any) { m["sig"] = sig[:127] },
+		"sig 129 chars":   func(m map[string]any) { m["sig"] = sig + "a" },
+		"sig uppercase":   func(m map[string]any) { m["sig"] = strings.ToUpper(sig) },
+		"sig non-hex":     func(m map[string]any) { m["sig"] = "g" + sig[1:] },
+		"sig empty":       func(m map[string]any) { m["sig"] = "" },
+		"sig missing":     func(m map[string]any) { delete(m, "sig") },
+		"id 63 chars":     func(m map[string]any) { m["id"] = base.ID[:63] },
+		"id uppercase":    func(m map[string]any) { m["id"] = strings.ToUpper(base.ID) },
+		"pubkey non-hex":  func(m map[string]any) { m["pubkey"] = "z" + base.PubKey[1:] },
+		"pubkey 65 chars": func(m map[string]any) { m["pubkey"] = base.PubKey + "0" },
+		"id missing":      func(m map[string]any) { delete(m, "id") },
+		"pubkey missing":  func(m map[string]any) { delete(m, "pubkey") },
+		"sig a number":    func(m map[string]any) { m["sig"] = 7 },
+	} {
+		_, err := e.pool.Exec(ctx, `SELECT buzz.accept_event($1::jsonb)`, raw(mut))
+		if msg, ok := store.ClientError(err); !ok || !strings.HasPrefix(msg, "invalid:") {
+			t.Errorf("%s: err %v, want invalid:", name, err)
+		}
+	}
+	var n int
+	_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM buzz.events WHERE pubkey = $1`, base.PubKey).Scan(&n)
+	if n != 0 {
+		t.Fatalf("%d rows stored by rejected calls", n)
+	}
+	ok, msg := e.accept(base)
+	expect(t, ok, msg, true, "")
 }
