@@ -48,6 +48,7 @@ type Fanout struct {
 	ready      atomic.Bool
 	lagNanos   atomic.Int64 // delay between commit and hand-off of the last handled transaction
 	lastCommit atomic.Int64 // unix nanos of its commit
+	handing    atomic.Int64 // commit time (unix nanos) of the transaction being handed over, 0 between
 
 	// Stream state, touched only by the Run goroutine (and by Close after Run returned).
 	lastEnd pglogrepl.LSN // end of the last transaction handed to the sink (or keepalive position)
@@ -127,7 +128,13 @@ func (f *Fanout) Ready() bool { return f.ready.Load() }
 // commit (everything committed since is waiting).
 func (f *Fanout) Lag() time.Duration {
 	if f.ready.Load() {
-		return time.Duration(f.lagNanos.Load())
+		lag := time.Duration(f.lagNanos.Load())
+		// A hand-off that does not finish (the sink waits, e.g. retrying a member lookup) shows
+		// as a growing lag, not as the last finished transaction's.
+		if c := f.handing.Load(); c != 0 {
+			lag = max(lag, time.Since(time.Unix(0, c)))
+		}
+		return lag
 	}
 	if c := f.lastCommit.Load(); c != 0 {
 		return time.Since(time.Unix(0, c))

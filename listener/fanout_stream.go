@@ -122,6 +122,7 @@ func (f *Fanout) handle(s *replSession, data []byte) error {
 	case *pglogrepl.BeginMessage:
 		s.inTxn = true
 		s.commitTime = m.CommitTime
+		f.handing.Store(m.CommitTime.UnixNano())
 		// FinalLSN is where the commit record starts; a transaction we handled ended (its
 		// TransactionEndLSN, our lastEnd) after that point.
 		s.skipTxn = m.FinalLSN < f.lastEnd
@@ -130,6 +131,7 @@ func (f *Fanout) handle(s *replSession, data []byte) error {
 		}
 	case *pglogrepl.CommitMessage:
 		s.inTxn = false
+		f.handing.Store(0)
 		if !s.skipTxn {
 			f.lastEnd = m.TransactionEndLSN
 			now := time.Now()

@@ -408,3 +408,41 @@ func TestFanoutNeedsReplicationRole(t *testing.T) {
 		t.Fatalf("Run = %v, want an error naming the REPLICATION attribute", err)
 	}
 }
+
+// A hand-off that does not finish (the sink waits, as the relay does while it retries a member
+// lookup) shows as a growing Lag, the figure behind buzz_fanout_lag_seconds and the relay's
+// de-dup window, not as the lag of the last transaction that got through.
+func TestFanoutLagGrowsWhileAHandOffWaits(t *testing.T) {
+	h := newFanHarness(t)
+	ctx := context.Background()
+	sink := newFanRecSink()
+	entered := make(chan struct{}, 1)
+	release := make(chan struct{})
+	sink.onDeliver = func(d evt.Delivery) {
+		if d.Event.Content != "stuck" {
+			return
+		}
+		entered <- struct{}{}
+		<-release
+	}
+	f, _ := h.start(FanoutConfig{}, sink, nil)
+	first := fanSigned(1, "flows", nil)
+	h.accept(ctx, first)
+	sink.waitAll(t, []string{first.ID}, 10*time.Second)
+	stuck := fanSigned(1, "stuck", nil)
+	h.accept(ctx, stuck)
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stuck event never reached the sink")
+	}
+	testenv.WaitUntil(t, 10*time.Second, "lag to pass 500ms while the hand-off waits", func() bool { return f.Lag() > 500*time.Millisecond })
+	close(release)
+	sink.waitAll(t, []string{stuck.ID}, 10*time.Second)
+	testenv.WaitUntil(t, 10*time.Second, "lag back under 500ms", func() bool {
+		next := fanSigned(1, "after", nil)
+		h.accept(ctx, next)
+		sink.waitAll(t, []string{next.ID}, 10*time.Second)
+		return f.Lag() < 500*time.Millisecond
+	})
+}

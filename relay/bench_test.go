@@ -69,8 +69,8 @@ func BenchmarkReqLatency(b *testing.B) {
 			var id, pk, tags, content, sig string
 			var created int64
 			var kind int32
-			var receivedMs int64
-			if err := rows.Scan(&id, &pk, &created, &kind, &tags, &content, &sig, &receivedMs); err != nil {
+			var ageMs int64
+			if err := rows.Scan(&id, &pk, &created, &kind, &tags, &content, &sig, &ageMs); err != nil {
 				b.Fatal(err)
 			}
 			n++

@@ -202,6 +202,16 @@ func (c *conn) writeLoop() {
 					c.kill("write: " + err.Error())
 					return
 				}
+				// A client's ping is answered between batches, not after the queue runs dry
+				// (a steady stream to a slow reader may never let it).
+				select {
+				case data := <-c.pong:
+					if err := c.ws.WriteControl(websocket.PongMessage, []byte(data), timeNow().Add(writeWait)); err != nil {
+						c.kill("pong: " + err.Error())
+						return
+					}
+				default:
+				}
 			}
 			if c.q.isClosed() && c.q.empty() {
 				// A graceful close: everything queued before closeWith went out; say goodbye.

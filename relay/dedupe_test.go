@@ -92,3 +92,35 @@ func TestRecentWindowFollowsReplicationLag(t *testing.T) {
 	}
 	syncNone(t, c, "lagged")
 }
+
+// The de-dup set of a subscription stays bounded however large the recent answer: at most
+// MaxLimit of its newest rows are remembered beside the live window, and those newest rows are
+// not sent again when they arrive live.
+func TestRecentAnswerMemoryIsBounded(t *testing.T) {
+	tr := startRelay(t, func(c *Config) { c.MaxLimit, c.DefaultLimit = 100, 100 })
+	_, pk := testenv.NewKey()
+	evs := storeRows(t, tr, pk, 300, 0)
+	c := tr.dial(t)
+	// Two filters of 100 rows each, disjoint: 200 recent rows in the answer.
+	got := c.req("two", nostr.Filter{Authors: []string{pk}, Limit: 100},
+		nostr.Filter{Authors: []string{pk}, Until: &evs[100].CreatedAt, Limit: 100})
+	if len(got) != 200 {
+		t.Fatalf("answer has %d rows, want 200", len(got))
+	}
+	var capacity int
+	for _, sc := range tr.s.snapshotConns() {
+		sc.mu.Lock()
+		if sub := sc.subs["two"]; sub != nil {
+			sub.mu.Lock()
+			capacity = sub.seen.cap
+			sub.mu.Unlock()
+		}
+		sc.mu.Unlock()
+	}
+	if capacity != seenPerSub+100 {
+		t.Fatalf("de-dup capacity %d, want seenPerSub + MaxLimit = %d", capacity, seenPerSub+100)
+	}
+	newest := evs[0]
+	tr.s.Deliver(evt.Delivery{Event: &newest})
+	syncNone(t, c, "two")
+}

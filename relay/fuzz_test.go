@@ -157,8 +157,8 @@ func FuzzCompileFilter(f *testing.F) {
 					var kind int32
 					var created int64
 					var tags string
-					var receivedMs int64
-					if err := rows.Scan(&ev.ID, &ev.PubKey, &created, &kind, &tags, &ev.Content, &ev.Sig, &receivedMs); err != nil {
+					var ageMs int64
+					if err := rows.Scan(&ev.ID, &ev.PubKey, &created, &kind, &tags, &ev.Content, &ev.Sig, &ageMs); err != nil {
 						t.Fatal(err)
 					}
 					ev.Kind, ev.CreatedAt = int(kind), nostr.Timestamp(created)

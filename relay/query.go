@@ -133,10 +133,13 @@ func (c *conn) runInitial(sub *subscription) {
 			recent++
 		}
 	}
-	// Room for every recent row beside the live traffic, so the newest rows (sent, and added,
-	// first) are not the first forgotten.
+	// Remember the newest recent rows (they are sent first), at most MaxLimit of them, and make
+	// room for them beside the live traffic, so they are not the first forgotten. Bounded: a
+	// subscription holds at most seenPerSub + MaxLimit ids.
+	remember := min(recent, c.s.cfg.MaxLimit)
+	remembered := 0
 	sub.mu.Lock()
-	sub.seen.grow(seenPerSub + recent)
+	sub.seen.grow(seenPerSub + remember)
 	sub.mu.Unlock()
 	for _, r := range rows {
 		key := keyOf(r.id)
@@ -145,10 +148,11 @@ func (c *conn) runInitial(sub *subscription) {
 			if sub.seen.has(key) {
 				return false // already delivered live
 			}
-			if r.recent {
+			if r.recent && remembered < remember {
 				// Only rows young enough to still be on their way through replication can arrive
 				// live again; remembering just those keeps the set small for large answers.
 				sub.seen.add(key)
+				remembered++
 			}
 			return true
 		})
@@ -218,14 +222,14 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) ([]st
 	var out []storedRow
 	var ev nostr.Event
 	var tags string
-	var receivedMs int64
-	cutoff := c.s.recentCutoff()
+	var ageMs int64
+	window := c.s.recentWindow()
 	total := 0
 	prev := ""
 	for rows.Next() {
 		var kind int32
 		var createdAt int64
-		if err := rows.Scan(&ev.ID, &ev.PubKey, &createdAt, &kind, &tags, &ev.Content, &ev.Sig, &receivedMs); err != nil {
+		if err := rows.Scan(&ev.ID, &ev.PubKey, &createdAt, &kind, &tags, &ev.Content, &ev.Sig, &ageMs); err != nil {
 			return nil, err
 		}
 		if ev.ID == prev {
@@ -240,7 +244,7 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) ([]st
 			c.log.Info("initial query truncated", "bytes", maxInitialBytes, "rows", len(out))
 			break
 		}
-		out = append(out, storedRow{id: ev.ID, json: js, recent: receivedMs > cutoff})
+		out = append(out, storedRow{id: ev.ID, json: js, recent: ageMs < window})
 	}
 	return out, rows.Err()
 }

@@ -186,13 +186,13 @@ func (s *Server) snapshotConns() []*conn {
 // de-duplication.
 func (s *Server) SetReplicationLag(lag func() time.Duration) { s.lag.Store(&lag) }
 
-// recentCutoff is the arrival time (unix ms) after which an initial row may still come live.
-func (s *Server) recentCutoff() int64 {
+// recentWindow is how young (ms since arrival) an initial row must be to maybe still come live.
+func (s *Server) recentWindow() int64 {
 	window := recentWindow
 	if f := s.lag.Load(); f != nil {
 		window = max(window, 2*(*f)()+time.Minute)
 	}
-	return timeNow().Add(-window).UnixMilli()
+	return window.Milliseconds()
 }
 
 // Shutdown stops accepting connections, tells every client (NOTICE, then close frame 1001) and

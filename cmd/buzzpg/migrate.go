@@ -41,6 +41,11 @@ func runMigrate(args []string) error {
 			return err
 		}
 		defer m.Close()
+		if cur, _, verr := m.Version(); verr == nil && steps > 0 && uint(steps) >= cur {
+			// golang-migrate would run every down file, the last dropping schema buzz, before
+			// reporting that there were fewer than N.
+			return fmt.Errorf("the database is at version %d: down %d would drop schema buzz and every event; say `down all` if that is what you want", cur, steps)
+		}
 		if steps < 0 {
 			err = m.Down()
 		} else {

@@ -267,11 +267,7 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("schema: cannot read %s (%v): apply migrations with `buzzpg migrate up` or start with BUZZ_AUTO_MIGRATE=true", db.MigrationsTable, err)
 	}
 	if dirty {
-		prev := version - 1 // each migration is one transaction: the failed one left nothing
-		if prev == 0 {
-			prev = -1
-		}
-		return fmt.Errorf("schema: migration %d failed (dirty); fix the cause, then `buzzpg migrate force %d` and `buzzpg migrate up`", version, prev)
+		return fmt.Errorf("schema: %s", db.DirtyAdvice(int(version)))
 	}
 	if uint(version) < db.LatestVersion() {
 		return fmt.Errorf("schema: database is at version %d, this binary needs %d: run `buzzpg migrate up`", version, db.LatestVersion())

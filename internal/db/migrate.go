@@ -74,17 +74,23 @@ func MigrateUp(databaseURL string, log *slog.Logger) error {
 	if err := m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
 		var dirty migrate.ErrDirty
 		if errors.As(err, &dirty) {
-			// Each migration file runs as one transaction, so the failed one left nothing behind:
-			// the schema is at the previous version (-1: none).
-			prev := dirty.Version - 1
-			if prev == 0 {
-				prev = -1
-			}
-			return fmt.Errorf("migrations: database is dirty at version %d (migration %d failed); fix the cause, then `buzzpg migrate force %d` and retry", dirty.Version, dirty.Version, prev)
+			return fmt.Errorf("migrations: %s", DirtyAdvice(int(dirty.Version)))
 		}
 		return fmt.Errorf("migrations: %w", err)
 	}
 	return nil
+}
+
+// DirtyAdvice says what to do about a schema marked dirty at version v. Each migration file runs as
+// one transaction, so the failed one left nothing behind; golang-migrate records the target
+// version before running a file, so the schema is one version below v after a failed up, and one
+// above it after a failed down.
+func DirtyAdvice(v int) string {
+	below := v - 1
+	if below == 0 {
+		below = -1 // no version at all
+	}
+	return fmt.Sprintf("schema marked dirty at version %d: a migration failed and was rolled back. Fix the cause, then `buzzpg migrate force %d` if `migrate up` failed (or `force %d` if `migrate down` failed), and run it again", v, below, v+1)
 }
 
 // SchemaStatus reports the applied version and whether it is the newest embedded one.

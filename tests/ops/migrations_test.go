@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -66,6 +67,13 @@ func TestMigrateDownNeedsACount(t *testing.T) {
 	}
 	if v, _, current, err := db.SchemaStatus(url); err != nil || !current {
 		t.Fatalf("after refused downs: version %d current=%v err=%v", v, current, err)
+	}
+	// N at or above the current version would run every down file, the last dropping schema buzz.
+	if out, code := runBinary(t, env, "migrate", "down", strconv.Itoa(int(db.LatestVersion()))); code == 0 || !strings.Contains(out, "down all") {
+		t.Fatalf("down %d: exit %d, want a refusal naming down all:\n%s", db.LatestVersion(), code, out)
+	}
+	if v, _, current, err := db.SchemaStatus(url); err != nil || !current {
+		t.Fatalf("after a refused down %d: version %d current=%v err=%v", db.LatestVersion(), v, current, err)
 	}
 	if out, code := runBinary(t, env, "migrate", "down", "1"); code != 0 {
 		t.Fatalf("migrate down 1: %s", out)
