@@ -378,3 +378,21 @@ func (tr *testRelay) eventCount(t testing.TB, where string, args ...any) int {
 	}
 	return n
 }
+
+// holdAll takes every connection of pool (so nothing else can run on it) and returns the release.
+func holdAll(t testing.TB, pool *pgxpool.Pool) (release func()) {
+	t.Helper()
+	var held []*pgxpool.Conn
+	for i := int32(0); i < pool.Config().MaxConns; i++ {
+		conn, err := pool.Acquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, conn)
+	}
+	return func() {
+		for _, h := range held {
+			h.Release()
+		}
+	}
+}

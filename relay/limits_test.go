@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/testenv"
@@ -46,20 +45,7 @@ func TestRateLimits(t *testing.T) {
 // of hanging.
 func TestQueriesDoNotStallAcceptance(t *testing.T) {
 	tr := startRelay(t, func(c *Config) { c.QueryTimeout = 2 * time.Second })
-	ctx := context.Background()
-	var held []*pgxpool.Conn
-	for i := int32(0); i < tr.s.query.Config().MaxConns; i++ {
-		conn, err := tr.s.query.Acquire(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		held = append(held, conn)
-	}
-	defer func() {
-		for _, h := range held {
-			h.Release()
-		}
-	}()
+	defer holdAll(t, tr.s.query)()
 	c := tr.dial(t)
 	sk, _ := testenv.NewKey()
 	c.sendJSON("REQ", "slow", nostr.Filter{Kinds: []int{1}, Limit: 10})

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nbd-wtf/go-nostr"
 	dto "github.com/prometheus/client_model/go"
 
@@ -25,20 +24,7 @@ func TestGateLookupsDoNotUseTheAcceptancePool(t *testing.T) {
 	msg := signed(a.sk, 9, "hello", nostr.Now(), nostr.Tag{"h", ch})
 	a.c.mustPublish(msg)
 
-	ctx := context.Background()
-	var held []*pgxpool.Conn
-	for i := int32(0); i < tr.s.accept.Config().MaxConns; i++ {
-		conn, err := tr.s.accept.Acquire(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		held = append(held, conn)
-	}
-	defer func() {
-		for _, h := range held {
-			h.Release()
-		}
-	}()
+	defer holdAll(t, tr.s.accept)()
 	got, closed := b.c.reqOrClosed("h", nostr.Filter{Tags: nostr.TagMap{"h": {ch}}, Kinds: []int{9}})
 	if closed != "" {
 		t.Fatalf("REQ by #h closed while the acceptance pool was busy: %q", closed)
