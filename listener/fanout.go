@@ -60,6 +60,7 @@ type Fanout struct {
 	skippedTxn atomic.Int64 // whole transactions skipped because they ended at or before lastEnd
 	skippedDup atomic.Int64 // single deliveries skipped by id
 	sessions   atomic.Int64 // replication sessions attached
+	slotsMade  atomic.Int64 // slots this process created (more than one: its slot was lost once)
 
 	// slotMade is closed once this process's slot exists: from then on every commit reaches our
 	// connections (the slot retains it), so serve opens the WebSocket endpoint only after it.

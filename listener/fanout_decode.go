@@ -86,10 +86,13 @@ func fanDecodeRow(r *pgRelation, t *pglogrepl.TupleData) (evt.Delivery, error) {
 	if ev.Tags, err = decodeTags([]byte(s)); err != nil {
 		return evt.Delivery{}, fmt.Errorf("tags of %s: %w", ev.ID, err)
 	}
-	scope := evt.Scope{Kind: evt.ScopePublic}
-	if s, ok := get("scope"); ok && len(s) == 1 {
-		scope.Kind = evt.ScopeKind(s[0])
+	s, ok := get("scope")
+	kind, valid := scopeKind(s)
+	if !ok || !valid {
+		// Fail closed: a row whose read gate cannot be read is delivered to nobody.
+		return evt.Delivery{}, fmt.Errorf("events row %s without a valid scope (%q)", ev.ID, s)
 	}
+	scope := evt.Scope{Kind: kind}
 	scope.P, _ = get("scope_p")
 	scope.Channel, _ = get("channel_id")
 	return evt.Delivery{Event: &ev, Scope: scope}, nil
@@ -132,10 +135,11 @@ func fanDecodeMessage(content []byte) (ds []evt.Delivery, ok bool, err error) {
 		if m.T == "due" {
 			return []evt.Delivery{{Event: m.Ev, Scope: author, Due: true, Stamp: m.Stamp}}, true, nil
 		}
-		scope := evt.Scope{Kind: evt.ScopePublic}
-		if len(m.Scope) == 1 {
-			scope.Kind = evt.ScopeKind(m.Scope[0])
+		kind, valid := scopeKind(m.Scope)
+		if !valid {
+			return nil, false, fmt.Errorf("buzz message %q without a valid scope (%q)", m.T, m.Scope)
 		}
+		scope := evt.Scope{Kind: kind}
 		if m.ScopeP != nil {
 			scope.P = *m.ScopeP
 		}
@@ -253,6 +257,18 @@ func decodeTags(data []byte) (nostr.Tags, error) {
 	l.Delim(']')
 	l.Consumed()
 	return tags, l.Error()
+}
+
+// scopeKind reads a stored or emitted read gate; anything but the four gate classes is invalid.
+func scopeKind(s string) (evt.ScopeKind, bool) {
+	if len(s) != 1 {
+		return 0, false
+	}
+	switch k := evt.ScopeKind(s[0]); k {
+	case evt.ScopePublic, evt.ScopeAuthor, evt.ScopeP, evt.ScopeChannel:
+		return k, true
+	}
+	return 0, false
 }
 
 // fanDedupeKey identifies one delivery: the event id, plus the stamp for a due signal (a reminder

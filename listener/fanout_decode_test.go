@@ -2,6 +2,8 @@ package listener
 
 import (
 	"encoding/json"
+	"github.com/jackc/pglogrepl"
+	"strings"
 	"testing"
 
 	"github.com/nbd-wtf/go-nostr"
@@ -57,6 +59,14 @@ func TestFanDecodeMessage(t *testing.T) {
 		t.Fatalf("empty dues: %d, ok=%v err=%v", len(ds), ok, err)
 	}
 
+	// An ephemeral event whose read gate cannot be read goes to nobody (fail closed), never to all.
+	for _, scope := range []string{``, `,"scope":null`, `,"scope":""`, `,"scope":"x"`, `,"scope":"**"`} {
+		msg := `{"t":"eph","ev":` + string(raw) + scope + `}`
+		if ds, ok, err := fanDecodeMessage([]byte(msg)); err == nil || ok || len(ds) != 0 {
+			t.Errorf("eph with scope %q: %d deliveries, ok=%v err=%v; want an error", scope, len(ds), ok, err)
+		}
+	}
+
 	if _, ok, err := fanDecodeMessage([]byte(`{"t":"future","ev":` + string(raw) + `}`)); err != nil || ok {
 		t.Fatalf("unknown type: ok=%v err=%v, want skipped without error", ok, err)
 	}
@@ -85,6 +95,39 @@ func TestDecodeTags(t *testing.T) {
 	for _, bad := range []string{``, `[`, `[[1]]`, `{}`, `[["a"]] x`} {
 		if _, err := decodeTags([]byte(bad)); err == nil {
 			t.Errorf("%q decoded without error", bad)
+		}
+	}
+}
+
+// A stored row without a valid scope column is skipped, not delivered as public.
+func TestFanDecodeRowFailsClosedOnScope(t *testing.T) {
+	cols := []string{"id", "pubkey", "created_at", "kind", "tags", "content", "sig", "scope", "scope_p", "channel_id"}
+	rel := &pglogrepl.RelationMessage{Namespace: "buzz", RelationName: "events"}
+	for _, c := range cols {
+		rel.Columns = append(rel.Columns, &pglogrepl.RelationMessageColumn{Name: c})
+	}
+	r := newPgRelation(rel)
+	row := func(scope *string) *pglogrepl.TupleData {
+		vals := []string{strings.Repeat("a", 64), strings.Repeat("b", 64), "1700000000", "1", "[]", "hi", strings.Repeat("c", 128)}
+		td := &pglogrepl.TupleData{}
+		for _, v := range vals {
+			td.Columns = append(td.Columns, &pglogrepl.TupleDataColumn{DataType: 't', Data: []byte(v)})
+		}
+		if scope == nil {
+			td.Columns = append(td.Columns, &pglogrepl.TupleDataColumn{DataType: 'n'})
+		} else {
+			td.Columns = append(td.Columns, &pglogrepl.TupleDataColumn{DataType: 't', Data: []byte(*scope)})
+		}
+		td.Columns = append(td.Columns, &pglogrepl.TupleDataColumn{DataType: 'n'}, &pglogrepl.TupleDataColumn{DataType: 'n'})
+		return td
+	}
+	str := func(s string) *string { return &s }
+	if d, err := fanDecodeRow(r, row(str("*"))); err != nil || d.Scope.Kind != evt.ScopePublic {
+		t.Fatalf("public row: %+v %v", d, err)
+	}
+	for _, bad := range []*string{nil, str(""), str("x"), str("ab")} {
+		if d, err := fanDecodeRow(r, row(bad)); err == nil {
+			t.Errorf("scope %v decoded as %+v, want an error", bad, d.Scope)
 		}
 	}
 }

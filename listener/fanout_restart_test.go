@@ -47,3 +47,38 @@ func TestFanoutSurvivesPostgresCrashRestart(t *testing.T) {
 	sink.assertExactlyOnce(t, keys)
 	t.Logf("skipped resent transactions: %d, duplicate ids: %d", f.skippedTxn.Load(), f.skippedDup.Load())
 }
+
+// An outage of the database longer than StaleAfter silences every process at once. The first one
+// back must not take the others (whose beats are a heartbeat away, their streams in backoff) for
+// dead and drop their slots: each process keeps the one slot it created.
+func TestFanoutOutageLongerThanStaleAfterReapsNobody(t *testing.T) {
+	cl := testenv.PrivateCluster(t, "listener-outage-reap")
+	h := newFanHarnessAt(t, cl.MigratedURL(t))
+	const stale = 2 * time.Second
+	a, _ := h.start(FanoutConfig{InstanceID: fanInstance("outage_a"), StaleAfter: stale}, newFanRecSink(), nil)
+	b, _ := h.start(FanoutConfig{InstanceID: fanInstance("outage_b"), StaleAfter: stale}, newFanRecSink(), nil)
+	sa, sb := a.sessions.Load(), b.sessions.Load()
+	if err := cl.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(stale + time.Second) // the scenario: an outage longer than StaleAfter
+	if err := cl.Start(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitUntil(t, 60*time.Second, "both streams reattached", func() bool {
+		return a.sessions.Load() > sa && b.sessions.Load() > sb && a.Ready() && b.Ready()
+	})
+	// Both have beaten since the restart, so a wrong reap would have happened by now; give it
+	// StaleAfter more, when reaping becomes allowed again.
+	started := time.Now()
+	testenv.WaitUntil(t, 30*time.Second, "both beat twice after the restart and StaleAfter passed", func() bool {
+		var n int
+		_ = h.pool.QueryRow(context.Background(), `SELECT count(*) FROM buzz.instances
+			WHERE slot_name IN ($1, $2) AND heartbeat_at > pg_postmaster_start_time() + $3::interval`,
+			a.Slot(), b.Slot(), (2 * b.cfg.Heartbeat).String()).Scan(&n)
+		return n == 2 && time.Since(started) > stale
+	})
+	if na, nb := a.slotsMade.Load(), b.slotsMade.Load(); na != 1 || nb != 1 {
+		t.Fatalf("slots created: a %d, b %d; want 1 each (a slot was reaped after the outage)", na, nb)
+	}
+}

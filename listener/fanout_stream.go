@@ -23,6 +23,7 @@ type replSession struct {
 	inTxn      bool
 	skipTxn    bool // this transaction ended at or before lastEnd: already handed over
 	commitTime time.Time
+	finalLSN   pglogrepl.LSN // of the transaction being decoded: with the id, the de-dup key
 }
 
 // stream runs one replication session: make sure the slot exists, attach, and hand everything to
@@ -122,6 +123,7 @@ func (f *Fanout) handle(s *replSession, data []byte) error {
 	case *pglogrepl.BeginMessage:
 		s.inTxn = true
 		s.commitTime = m.CommitTime
+		s.finalLSN = m.FinalLSN
 		f.handing.Store(m.CommitTime.UnixNano())
 		// FinalLSN is where the commit record starts; a transaction we handled ended (its
 		// TransactionEndLSN, our lastEnd) after that point.
@@ -156,7 +158,7 @@ func (f *Fanout) handle(s *replSession, data []byte) error {
 			f.log.Error("fan-out cannot decode an events row; skipped", "err", err)
 			return nil
 		}
-		f.deliver(d)
+		f.deliver(d, s.finalLSN)
 	case *pglogrepl.LogicalDecodingMessage:
 		if m.Prefix != MessagePrefix {
 			return nil
@@ -170,17 +172,23 @@ func (f *Fanout) handle(s *replSession, data []byte) error {
 			return nil
 		}
 		if ok {
+			at := m.LSN
+			if m.Transactional {
+				at = s.finalLSN
+			}
 			for _, d := range ds {
-				f.deliver(d)
+				f.deliver(d, at)
 			}
 		}
 	}
 	return nil
 }
 
-// deliver hands d to the sink unless this exact delivery was handed over already.
-func (f *Fanout) deliver(d evt.Delivery) {
-	if !f.seen.add(fanDedupeKey(d)) {
+// deliver hands d to the sink unless this exact delivery was handed over already: the same
+// transaction (at) resent after a break or a PostgreSQL restart. The same id in another
+// transaction is a new delivery (an event deleted and stored again).
+func (f *Fanout) deliver(d evt.Delivery, at pglogrepl.LSN) {
+	if !f.seen.add(at.String() + "/" + fanDedupeKey(d)) {
 		f.skippedDup.Add(1)
 		return
 	}
@@ -233,6 +241,7 @@ func (f *Fanout) ensureSlot(ctx context.Context) error {
 		return err
 	}
 	f.hadSlot = true
+	f.slotsMade.Add(1)
 	f.slotOnce.Do(func() { close(f.slotMade) })
 	f.log.Info("fan-out replication slot created")
 	return nil

@@ -3,6 +3,7 @@ package listener
 import (
 	"context"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,15 +17,30 @@ import (
 )
 
 func TestSlotName(t *testing.T) {
-	cases := map[string]string{
-		"abc":                   "buzz_abc",
-		"Host-1.a:B":            "buzz_host_1_a_b",
-		strings.Repeat("x", 80): "buzz_" + strings.Repeat("x", 58),
+	if got := SlotName("abc_1"); got != "buzz_abc_1" {
+		t.Errorf("SlotName(abc_1) = %q: an id that needs no change keeps its plain name", got)
 	}
-	for in, want := range cases {
-		if got := SlotName(in); got != want {
-			t.Errorf("SlotName(%q) = %q, want %q", in, got, want)
+	valid := regexp.MustCompile(`^buzz_[a-z0-9_]+$`)
+	long := strings.Repeat("relay-deployment-with-a-long-name-", 3)
+	// Pairs that sanitising or the 63-byte cut would merge must still get two slots.
+	for _, pair := range [][2]string{
+		{"Relay-1", "relay_1"},
+		{"Host-1.a:B", "host_1_a_b"},
+		{long + "7f9c2", long + "x8k2q"}, // Kubernetes pod names: the unique part is last
+		{strings.Repeat("x", 80), strings.Repeat("x", 81)},
+	} {
+		a, b := SlotName(pair[0]), SlotName(pair[1])
+		if a == b {
+			t.Errorf("SlotName(%q) = SlotName(%q) = %q", pair[0], pair[1], a)
 		}
+		for _, n := range []string{a, b} {
+			if len(n) > 63 || !valid.MatchString(n) {
+				t.Errorf("slot name %q: over 63 bytes or outside [a-z0-9_]", n)
+			}
+		}
+	}
+	if SlotName("Relay-1") != SlotName("Relay-1") {
+		t.Error("SlotName is not stable")
 	}
 }
 
@@ -445,4 +461,30 @@ func TestFanoutLagGrowsWhileAHandOffWaits(t *testing.T) {
 		sink.waitAll(t, []string{next.ID}, 10*time.Second)
 		return f.Lag() < 500*time.Millisecond
 	})
+}
+
+// The de-dup window catches a transaction resent after a break, not the same id in a later
+// transaction: an event deleted and stored again (a replaced head published again, a raw DELETE)
+// is a new delivery, and a subscriber that came after the deletion must get it.
+func TestFanoutDeliversAnIdStoredAgain(t *testing.T) {
+	h := newFanHarness(t)
+	ctx := context.Background()
+	sink := newFanRecSink()
+	h.start(FanoutConfig{}, sink, nil)
+	ev := fanSigned(1, "stored twice", nil)
+	h.accept(ctx, ev)
+	sink.waitAll(t, []string{ev.ID}, 10*time.Second)
+	if _, err := h.pool.Exec(ctx, `DELETE FROM buzz.events WHERE id = $1`, ev.ID); err != nil {
+		t.Fatal(err)
+	}
+	h.accept(ctx, ev)
+	marker := fanSigned(1, "after", nil)
+	h.accept(ctx, marker)
+	sink.waitAll(t, []string{marker.ID}, 10*time.Second) // in commit order: the re-insert came first
+	sink.mu.Lock()
+	n := sink.byKey[ev.ID]
+	sink.mu.Unlock()
+	if n != 2 {
+		t.Fatalf("the event stored twice was delivered %d times, want 2", n)
+	}
 }

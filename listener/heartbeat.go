@@ -10,10 +10,21 @@ import (
 // slots of instances silent for longer than cfg.StaleAfter. It runs beside the replication stream
 // on the ordinary pool, so a process whose stream is reconnecting still counts as alive (its slot
 // must survive exactly that).
+//
+// A process reaps only once its own beats have succeeded for StaleAfter in a row: after an outage
+// of the database (a restart, a network cut) every process was silent, and the first one back
+// must not take the others, whose beats are seconds away, for dead.
 func (f *Fanout) heartbeatLoop(ctx context.Context) {
+	var upSince time.Time // first success of the current run of successful beats
 	for {
-		f.beat(ctx)
-		f.reap(ctx)
+		if err := f.beat(ctx); err != nil {
+			upSince = time.Time{}
+		} else if upSince.IsZero() {
+			upSince = time.Now()
+		}
+		if !upSince.IsZero() && time.Since(upSince) >= f.cfg.StaleAfter {
+			f.reap(ctx)
+		}
 		// Jitter keeps several processes started together from reaping in lockstep.
 		d := f.cfg.Heartbeat + time.Duration(rand.Int64N(int64(f.cfg.Heartbeat)/10+1))
 		select {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"regexp"
 	"strings"
@@ -22,13 +23,22 @@ var slotUnsafe = regexp.MustCompile(`[^a-z0-9_]`)
 
 // SlotName is the replication slot of an instance: buzz_<instance id>, lowercased, anything outside
 // [a-z0-9_] replaced by '_', at most 63 bytes (PostgreSQL's NAMEDATALEN-1; longer names would be
-// truncated by the server and no longer match what we look up).
+// truncated by the server and no longer match what we look up). When that changed the id, 8 hex
+// digits of a hash of the whole id end the name, so ids that differ only in case, punctuation or
+// past the cut ("Relay-1" and "relay_1", two long pod names) never share a slot.
 func SlotName(instanceID string) string {
-	s := SlotPrefix + slotUnsafe.ReplaceAllString(strings.ToLower(instanceID), "_")
-	if len(s) > 63 {
-		s = s[:63]
+	clean := slotUnsafe.ReplaceAllString(strings.ToLower(instanceID), "_")
+	s := SlotPrefix + clean
+	if clean == instanceID && len(s) <= 63 {
+		return s
 	}
-	return s
+	h := fnv.New32a()
+	h.Write([]byte(instanceID))
+	suffix := fmt.Sprintf("_%08x", h.Sum32())
+	if len(s) > 63-len(suffix) {
+		s = s[:63-len(suffix)]
+	}
+	return s + suffix
 }
 
 // ApplicationName is the application_name of an instance's replication connection, so an operator

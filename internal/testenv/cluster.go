@@ -109,6 +109,22 @@ func (c *Cluster) Restart() error {
 	return nil
 }
 
+// Stop shuts the cluster down (fast mode) until Start: an outage, not a crash.
+func (c *Cluster) Stop() error {
+	if out, err := c.pgScript("stop"); err != nil {
+		return fmt.Errorf("pg.sh stop: %v: %s", err, out)
+	}
+	return nil
+}
+
+// Start starts the cluster again after Stop.
+func (c *Cluster) Start() error {
+	if out, err := c.pgScript("start"); err != nil {
+		return fmt.Errorf("pg.sh start: %v: %s", err, out)
+	}
+	return nil
+}
+
 // remove stops the cluster and deletes its files (unless kept).
 func (c *Cluster) remove(t testing.TB, tmp string) {
 	real, _ := filepath.EvalSymlinks(c.Dir)
