@@ -18,8 +18,6 @@
 --    ('{64}': 4.3 against 0.6 us). accept_event checks a signature and is_hex64 twice per event.
 --    Both are NULL-safe now: a psql call without id, pubkey or sig got past the shape check (NULL
 --    is not false) and failed later with a not-null violation instead of invalid:.
--- 7. An expired head of a replaceable or addressable address (NIP-40: served to nobody) no longer
---    refuses an older version with "duplicate: have newer".
 
 CREATE OR REPLACE FUNCTION buzz.is_hex64(s text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT coalesce(length(s) = 64 AND s ~ '^[0-9a-f]+$', false) $$;
@@ -272,17 +270,15 @@ BEGIN
                 WHERE kind = e_kind AND pubkey = e_pubkey AND d_tag = d AND until_created_at >= e_created) THEN
       ok := false; message := 'blocked: deleted'; RETURN;
     END IF;
-    SELECT id, created_at, expires_at INTO head FROM buzz.events
+    SELECT id, created_at INTO head FROM buzz.events
      WHERE kind = e_kind AND pubkey = e_pubkey AND (cls = 'replaceable' OR d_tag = d)
      FOR UPDATE;
     IF FOUND THEN
       IF head.id = e_id THEN
         ok := true; message := 'duplicate: already have this event'; RETURN;
       END IF;
-      -- Newer created_at wins; on a tie the lowest id. An expired head (NIP-40) is served to
-      -- nobody and wins against nothing.
-      IF (head.created_at > e_created OR (head.created_at = e_created AND head.id < e_id))
-         AND (head.expires_at IS NULL OR head.expires_at > now_s) THEN
+      -- Newer created_at wins; on a tie the lowest id.
+      IF head.created_at > e_created OR (head.created_at = e_created AND head.id < e_id) THEN
         ok := false; message := 'duplicate: have newer'; RETURN;
       END IF;
       DELETE FROM buzz.events WHERE id = head.id;

@@ -275,30 +275,6 @@ func TestExpiration(t *testing.T) {
 	}
 }
 
-// An expired head (NIP-40) is served to nobody, so it does not refuse an older version of its
-// address with "have newer": the older one becomes the head. (Time passing is simulated by moving
-// the stored expiry into the past.)
-func TestExpiredHeadDoesNotWin(t *testing.T) {
-	e := newEnv(t)
-	u := testenv.NewUser()
-	now := nostr.Now()
-	head := u.EventAt(t, 30023, nostr.Tags{{"d", "post"}, {"expiration", strconv.FormatInt(int64(now+3600), 10)}}, "newer", now-10)
-	ok, msg := e.accept(head)
-	expect(t, ok, msg, true, "")
-	older := u.EventAt(t, 30023, nostr.Tags{{"d", "post"}}, "older", now-100)
-	ok, msg = e.accept(older)
-	expect(t, ok, msg, false, "duplicate: have newer") // the head is still valid
-	if _, err := e.pool.Exec(context.Background(), `UPDATE buzz.events SET expires_at = buzz.now_unix() - 1 WHERE id = $1`, head.ID); err != nil {
-		t.Fatal(err)
-	}
-	older2 := u.EventAt(t, 30023, nostr.Tags{{"d", "post"}}, "older, after the head expired", now-99)
-	ok, msg = e.accept(older2)
-	expect(t, ok, msg, true, "")
-	if h := e.heads(30023, u.PK, "post"); len(h) != 1 || h[0] != older2.ID {
-		t.Fatalf("heads %v, want [%s]", h, older2.ID)
-	}
-}
-
 func TestRejectionsChangeNothing(t *testing.T) {
 	e := newEnv(t)
 	u := testenv.NewUser()
