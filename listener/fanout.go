@@ -58,7 +58,7 @@ type Fanout struct {
 	// Counters (tests and metrics).
 	delivered  atomic.Int64
 	skippedTxn atomic.Int64 // whole transactions skipped because they ended at or before lastEnd
-	skippedDup atomic.Int64 // single deliveries skipped by id
+	skippedDup atomic.Int64 // single deliveries skipped by (transaction, id)
 	sessions   atomic.Int64 // replication sessions attached
 	slotsMade  atomic.Int64 // slots this process created (more than one: its slot was lost once)
 

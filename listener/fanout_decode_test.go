@@ -2,10 +2,10 @@ package listener
 
 import (
 	"encoding/json"
-	"github.com/jackc/pglogrepl"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/evt"

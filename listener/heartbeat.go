@@ -11,16 +11,21 @@ import (
 // on the ordinary pool, so a process whose stream is reconnecting still counts as alive (its slot
 // must survive exactly that).
 //
-// A process reaps only once its own beats have succeeded for StaleAfter in a row: after an outage
-// of the database (a restart, a network cut) every process was silent, and the first one back
-// must not take the others, whose beats are seconds away, for dead.
+// A process reaps only once its own beats have gone through without a long gap for StaleAfter:
+// after an outage of the database (a restart, a network cut) every process was silent, and the
+// first one back must not take the others, whose beats are seconds away, for dead. A gap shorter
+// than reapGap cannot make a live process look stale, so an occasional failed beat on a loaded
+// database does not stop reaping.
 func (f *Fanout) heartbeatLoop(ctx context.Context) {
-	var upSince time.Time // first success of the current run of successful beats
+	reapGap := max(2*f.cfg.Heartbeat, f.cfg.StaleAfter/3)
+	var upSince, lastOK time.Time // start of the current gap-free run of beats; its last success
 	for {
-		if err := f.beat(ctx); err != nil {
-			upSince = time.Time{}
-		} else if upSince.IsZero() {
-			upSince = time.Now()
+		if err := f.beat(ctx); err == nil {
+			now := time.Now()
+			if upSince.IsZero() || now.Sub(lastOK) >= reapGap {
+				upSince = now
+			}
+			lastOK = now
 		}
 		if !upSince.IsZero() && time.Since(upSince) >= f.cfg.StaleAfter {
 			f.reap(ctx)
