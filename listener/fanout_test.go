@@ -488,3 +488,39 @@ func TestFanoutDeliversAnIdStoredAgain(t *testing.T) {
 		t.Fatalf("the event stored twice was delivered %d times, want 2", n)
 	}
 }
+
+// When a process may reap: after StaleAfter of beats without a long gap. One failed beat (a
+// normal gap of two heartbeats) does not restart the count; an outage (a gap of gap or more) does.
+func TestReapClock(t *testing.T) {
+	const hb = time.Second
+	t0 := time.Unix(1_700_000_000, 0)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	r := reapClock{gap: 2 * hb, staleAfter: 6 * hb}
+	if r.mayReap(t0) {
+		t.Fatal("reaps before any successful beat")
+	}
+	r.ok(at(0))
+	r.ok(at(1 * hb))
+	// The beat at 2 s failed; the next success is 2 heartbeats - 1 ms later: not an outage.
+	r.ok(at(3*hb - time.Millisecond))
+	r.ok(at(4 * hb))
+	r.ok(at(5 * hb))
+	if r.mayReap(at(5 * hb)) {
+		t.Fatal("reaps before StaleAfter of beats")
+	}
+	r.ok(at(6 * hb))
+	if !r.mayReap(at(6 * hb)) {
+		t.Fatal("one failed beat stopped reaping")
+	}
+	// An outage: no success for 10 s. The count starts again at the first beat back.
+	r.ok(at(16 * hb))
+	if r.mayReap(at(16*hb)) || r.mayReap(at(21*hb)) {
+		t.Fatal("reaps right after an outage")
+	}
+	for s := 17; s <= 22; s++ {
+		r.ok(at(time.Duration(s) * hb))
+	}
+	if !r.mayReap(at(22 * hb)) {
+		t.Fatal("does not reap StaleAfter after the outage")
+	}
+}

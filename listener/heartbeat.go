@@ -17,17 +17,12 @@ import (
 // than reapGap cannot make a live process look stale, so an occasional failed beat on a loaded
 // database does not stop reaping.
 func (f *Fanout) heartbeatLoop(ctx context.Context) {
-	reapGap := max(2*f.cfg.Heartbeat, f.cfg.StaleAfter/3)
-	var upSince, lastOK time.Time // start of the current gap-free run of beats; its last success
+	rc := reapClock{gap: max(2*f.cfg.Heartbeat, f.cfg.StaleAfter/3), staleAfter: f.cfg.StaleAfter}
 	for {
 		if err := f.beat(ctx); err == nil {
-			now := time.Now()
-			if upSince.IsZero() || now.Sub(lastOK) >= reapGap {
-				upSince = now
-			}
-			lastOK = now
+			rc.ok(time.Now())
 		}
-		if !upSince.IsZero() && time.Since(upSince) >= f.cfg.StaleAfter {
+		if rc.mayReap(time.Now()) {
 			f.reap(ctx)
 		}
 		// Jitter keeps several processes started together from reaping in lockstep.
@@ -38,6 +33,24 @@ func (f *Fanout) heartbeatLoop(ctx context.Context) {
 		case <-time.After(d):
 		}
 	}
+}
+
+// reapClock decides when a process may reap: once its successful beats have followed each other
+// with no gap of `gap` or more for staleAfter.
+type reapClock struct {
+	gap, staleAfter time.Duration
+	upSince, lastOK time.Time // start of the current gap-free run of beats; its last success
+}
+
+func (r *reapClock) ok(now time.Time) {
+	if r.upSince.IsZero() || now.Sub(r.lastOK) >= r.gap {
+		r.upSince = now
+	}
+	r.lastOK = now
+}
+
+func (r *reapClock) mayReap(now time.Time) bool {
+	return !r.upSince.IsZero() && now.Sub(r.upSince) >= r.staleAfter
 }
 
 func (f *Fanout) beat(ctx context.Context) error {
