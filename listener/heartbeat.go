@@ -14,8 +14,8 @@ import (
 // A process reaps only once its own beats have gone through without a long gap for StaleAfter:
 // after an outage of the database (a restart, a network cut) every process was silent, and the
 // first one back must not take the others, whose beats are seconds away, for dead. A gap shorter
-// than reapGap cannot make a live process look stale, so an occasional failed beat on a loaded
-// database does not stop reaping.
+// than max(2 heartbeats, StaleAfter/3) cannot make a live process look stale, so an occasional
+// failed beat on a loaded database does not stop reaping.
 func (f *Fanout) heartbeatLoop(ctx context.Context) {
 	rc := reapClock{gap: max(2*f.cfg.Heartbeat, f.cfg.StaleAfter/3), staleAfter: f.cfg.StaleAfter}
 	for {
