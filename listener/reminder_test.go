@@ -43,6 +43,25 @@ func newRemEnv(t testing.TB) *remEnv {
 	return e
 }
 
+// onConfirm injects a fault into reminder confirms: a BEFORE UPDATE trigger named name runs body
+// (PL/pgSQL statements) for every row an UPDATE turns 'confirmed'. setup runs first (a knob row,
+// a counter), both in one statement batch.
+func (e *remEnv) onConfirm(name, setup, body string) {
+	e.t.Helper()
+	_, err := e.pool.Exec(context.Background(), setup+`;
+		CREATE FUNCTION buzz.`+name+`() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+		  IF NEW.state = 'confirmed' THEN `+body+`
+		  END IF;
+		  RETURN NEW;
+		END $$;
+		CREATE TRIGGER `+name+` BEFORE UPDATE ON buzz.reminders
+		  FOR EACH ROW EXECUTE FUNCTION buzz.`+name+`();`)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 var remSeq sync.Mutex
 var remN int
 
@@ -189,20 +208,8 @@ func TestSchedulerSleepsUntilNotBeforeAndEmitsOnce(t *testing.T) {
 func TestSchedulerRollsBackWhenConfirmFails(t *testing.T) {
 	e := newRemEnv(t)
 	ctx := context.Background()
-	_, err := e.pool.Exec(ctx, `
-		INSERT INTO buzz.config VALUES ('test_fail_confirm', '1');
-		CREATE FUNCTION buzz.test_fail_confirm() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-		  IF NEW.state = 'confirmed' AND buzz.cfg('test_fail_confirm') = '1' THEN
-		    RAISE EXCEPTION 'injected confirm failure';
-		  END IF;
-		  RETURN NEW;
-		END $$;
-		CREATE TRIGGER test_fail_confirm BEFORE UPDATE ON buzz.reminders
-		  FOR EACH ROW EXECUTE FUNCTION buzz.test_fail_confirm();`)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e.onConfirm("test_fail_confirm", `INSERT INTO buzz.config VALUES ('test_fail_confirm', '1')`,
+		`IF buzz.cfg('test_fail_confirm') = '1' THEN RAISE EXCEPTION 'injected confirm failure'; END IF;`)
 	ev := e.store(time.Now().Unix() - 1)
 	s := e.start("s1", SchedulerConfig{})
 	deadline := time.Now().Add(10 * time.Second)
@@ -230,20 +237,8 @@ func TestSchedulerRollsBackWhenConfirmFails(t *testing.T) {
 func TestSchedulerUnknownOutcomeRereadsByStamp(t *testing.T) {
 	e := newRemEnv(t)
 	ctx := context.Background()
-	_, err := e.pool.Exec(ctx, `
-		INSERT INTO buzz.config VALUES ('test_stall_confirm', '1');
-		CREATE FUNCTION buzz.test_stall_confirm() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-		  IF NEW.state = 'confirmed' AND buzz.cfg('test_stall_confirm') = '1' THEN
-		    PERFORM pg_sleep(60);
-		  END IF;
-		  RETURN NEW;
-		END $$;
-		CREATE TRIGGER test_stall_confirm BEFORE UPDATE ON buzz.reminders
-		  FOR EACH ROW EXECUTE FUNCTION buzz.test_stall_confirm();`)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e.onConfirm("test_stall_confirm", `INSERT INTO buzz.config VALUES ('test_stall_confirm', '1')`,
+		`IF buzz.cfg('test_stall_confirm') = '1' THEN PERFORM pg_sleep(60); END IF;`)
 	ev := e.store(time.Now().Unix() - 1)
 	s := e.start("s1", SchedulerConfig{})
 	var pid int
@@ -407,22 +402,10 @@ func TestIsServerErrorUsesUnlocalizedSeverity(t *testing.T) {
 func TestSchedulerUnknownOutcomesEndAfterOneLease(t *testing.T) {
 	e := newRemEnv(t)
 	ctx := context.Background()
-	_, err := e.pool.Exec(ctx, `
-		CREATE SEQUENCE buzz.test_confirm_attempts;
-		CREATE FUNCTION buzz.test_kill_confirm() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-		  IF NEW.state = 'confirmed' THEN
-		    PERFORM nextval('buzz.test_confirm_attempts'); -- not transactional: counts every attempt
-		    PERFORM pg_terminate_backend(pg_backend_pid());
-		    PERFORM pg_sleep(5); -- the termination interrupts this
-		  END IF;
-		  RETURN NEW;
-		END $$;
-		CREATE TRIGGER test_kill_confirm BEFORE UPDATE ON buzz.reminders
-		  FOR EACH ROW EXECUTE FUNCTION buzz.test_kill_confirm();`)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e.onConfirm("test_kill_confirm", `CREATE SEQUENCE buzz.test_confirm_attempts`, `
+		PERFORM nextval('buzz.test_confirm_attempts'); -- not transactional: counts every attempt
+		PERFORM pg_terminate_backend(pg_backend_pid());
+		PERFORM pg_sleep(5); -- the termination interrupts this`)
 	ev := e.store(time.Now().Unix() - 1)
 	const lease = time.Second
 	s := NewScheduler(SchedulerConfig{InstanceID: "x", Lease: lease, Logger: slog.New(slog.NewTextHandler(remTLog{t}, nil))}, e.pool)

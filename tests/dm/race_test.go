@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
 // Interleavings of a hide and a message on two connections, PostgreSQL-isolation-test style:
@@ -68,6 +70,21 @@ func TestRaceHideAfterMessageStays(t *testing.T) {
 	e.assertAgree(b, 1)
 }
 
+// result is one session's accept_event verdict; inTurn is a session whose statement runs in the
+// background, to be committed in the order the locks decide.
+type result struct {
+	ok  bool
+	msg string
+	err error
+}
+
+type inTurn struct {
+	name string
+	s    *testenv.Session
+	done <-chan struct{}
+	r    *result
+}
+
 // Two messages and one hide: message 1 holds the DM; the hide and message 2 queue behind it.
 // When message 1 commits, whichever of the two gets the rows first holds them until it commits
 // (the other is seen blocked meanwhile), so the commit order is known, not guessed.
@@ -76,11 +93,6 @@ func TestRaceTwoMessagesOneHide(t *testing.T) {
 	a, b := newUser(), newUser()
 	ch := e.open(a, b)
 	m1, h, m2 := e.session("msg1"), e.session("hide"), e.session("msg2")
-	type result struct {
-		ok  bool
-		msg string
-		err error
-	}
 	var hr, m2r result
 
 	m1.Begin()
@@ -96,28 +108,24 @@ func TestRaceTwoMessagesOneHide(t *testing.T) {
 		t.Fatal("message 2 did not wait for message 1")
 	}
 	m1.Commit()
-	hideFirst := false
+	// Whichever statement finishes first holds the rows; the other must be seen waiting for it.
+	hide := inTurn{"the hide", h, hDone, &hr}
+	msg2 := inTurn{"message 2", m2, m2Done, &m2r}
+	first, second := hide, msg2
 	select {
 	case <-hDone:
-		hideFirst = true
-		must(t, hr.ok, hr.msg, hr.err)
-		if !e.waitBlockedOrDone(m2.PID, m2Done) {
-			t.Fatal("message 2 did not wait for the uncommitted hide")
-		}
-		h.Commit()
-		<-m2Done
-		must(t, m2r.ok, m2r.msg, m2r.err)
-		m2.Commit()
 	case <-m2Done:
-		must(t, m2r.ok, m2r.msg, m2r.err)
-		if !e.waitBlockedOrDone(h.PID, hDone) {
-			t.Fatal("the hide did not wait for uncommitted message 2")
-		}
-		m2.Commit()
-		<-hDone
-		must(t, hr.ok, hr.msg, hr.err)
-		h.Commit()
+		first, second = msg2, hide
 	}
+	must(t, first.r.ok, first.r.msg, first.r.err)
+	if !e.waitBlockedOrDone(second.s.PID, second.done) {
+		t.Fatalf("%s did not wait for uncommitted %s", second.name, first.name)
+	}
+	first.s.Commit()
+	<-second.done
+	must(t, second.r.ok, second.r.msg, second.r.err)
+	second.s.Commit()
+	hideFirst := first.name == hide.name
 	if hideFirst { // hide, then message 2: cleared, two generations
 		if e.hidden(b, ch) {
 			t.Fatal("the hide committed before message 2 but stays")
