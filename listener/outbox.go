@@ -61,6 +61,8 @@ func newClaimID() string {
 // predates the claim's UPDATE, so a source older than the claimed row is not used (src = nil).
 func (p *Publisher) claimBatch(ctx context.Context, size int) ([]claimed, error) {
 	id := newClaimID()
+	ctx, cancel := claimContext(ctx, p.cfg.Lease)
+	defer cancel()
 	rows, err := p.pool.Query(ctx, `
 		SELECT c.viewer, c.generation, c.attempts, c.pending_seconds,
 		       s.generation, s.hidden::text[], s.created_at_floor, buzz.now_unix(),
@@ -89,6 +91,8 @@ func (p *Publisher) claimBatch(ctx context.Context, size int) ([]claimed, error)
 		out = append(out, c)
 	}
 	if err := rows.Err(); err != nil {
+		// The claim may have committed with its rows lost on the way (a dropped connection, or
+		// the database slower than claimTimeout): the lease bounds how long they wait.
 		return nil, err
 	}
 	if len(out) > 0 {

@@ -211,6 +211,9 @@ func (p *Publisher) worker(ctx context.Context) {
 			if len(batch) == 0 {
 				break
 			}
+			if ctx.Err() != nil {
+				return // stopped while claiming: Close gives the batch back
+			}
 			if len(batch) >= size { // a claim may add rows in backoff on top of size
 				p.kickDrain() // probably more waiting: wake another idle worker
 			}

@@ -1,0 +1,89 @@
+package listener
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+// claimBlock holds claim statements inside the server: a BEFORE UPDATE trigger on table waits
+// for an advisory lock the test holds on its own connection whenever an UPDATE makes when true.
+// The test then knows the claim is in flight (not yet committed) and decides when it goes on.
+type claimBlock struct {
+	t     testing.TB
+	pool  *pgxpool.Pool
+	conn  *pgxpool.Conn
+	table string
+}
+
+const claimBlockKey = 707070
+
+func blockClaims(t testing.TB, pool *pgxpool.Pool, table, when string) *claimBlock {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &claimBlock{t: t, pool: pool, conn: conn, table: table}
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, claimBlockKey); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `
+		CREATE FUNCTION public.block_claims() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+		  IF `+when+` THEN PERFORM pg_advisory_xact_lock(`+strconv.Itoa(claimBlockKey)+`); END IF;
+		  RETURN NEW;
+		END $$;
+		CREATE TRIGGER block_claims BEFORE UPDATE ON `+table+`
+		  FOR EACH ROW EXECUTE FUNCTION public.block_claims();`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.release(); b.drop() })
+	return b
+}
+
+// waitBlocked returns the pid of the backend waiting in the trigger.
+func (b *claimBlock) waitBlocked() (pid int32) {
+	b.t.Helper()
+	testenv.WaitUntil(b.t, 10*time.Second, "a claim blocked in the trigger", func() bool {
+		err := b.pool.QueryRow(context.Background(), `
+			SELECT pid FROM pg_stat_activity
+			 WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND datname = current_database()
+			 LIMIT 1`).Scan(&pid)
+		return err == nil
+	})
+	return pid
+}
+
+// release lets the blocked claim go on (and commit, unless its session is gone).
+func (b *claimBlock) release() {
+	if b.conn == nil {
+		return
+	}
+	_, _ = b.conn.Exec(context.Background(), `SELECT pg_advisory_unlock_all()`)
+	b.conn.Release()
+	b.conn = nil
+}
+
+// waitDone waits until backend pid has finished its statement (committed or not). The pool may
+// hand that very connection to this query once the claimer is done with it.
+func (b *claimBlock) waitDone(pid int32) {
+	b.t.Helper()
+	testenv.WaitUntil(b.t, 10*time.Second, "the blocked claim statement to end", func() bool {
+		var active bool
+		err := b.pool.QueryRow(context.Background(),
+			`SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND state = 'active' AND pid <> pg_backend_pid())`, pid).Scan(&active)
+		return err == nil && !active
+	})
+}
+
+func (b *claimBlock) drop() {
+	_, _ = b.pool.Exec(context.Background(),
+		`DROP TRIGGER IF EXISTS block_claims ON `+b.table+`; DROP FUNCTION IF EXISTS public.block_claims()`)
+}

@@ -1,0 +1,95 @@
+package listener
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+// A publisher stopped while its claim statement is still running on the server must not lose the
+// rows that claim takes: pgx drops a cancelled query on the client side only, so the server
+// commits the claim anyway. Without the claim finishing under shutdown, the row would sit out
+// the whole lease (an hour here) before anyone publishes the viewer again.
+func TestSnapshotStopDuringClaimGivesRowsBack(t *testing.T) {
+	e := newPubEnv(t)
+	_, viewer := testenv.NewKey()
+	x, _ := e.dm(viewer)
+	blk := blockClaims(t, e.pool, "buzz.visibility_outbox",
+		"NEW.claim_id IS NOT NULL AND NEW.claim_id IS DISTINCT FROM OLD.claim_id")
+
+	a := e.publisher("A", func(c *PublisherConfig) { c.Lease = time.Hour })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	testenv.WaitUntil(t, 10*time.Second, "publisher A listening", a.Listening)
+
+	e.hide(viewer, x) // A is woken; its claim blocks inside the UPDATE
+	pid := blk.waitBlocked()
+	cancel() // stop A while the claim is half done
+	blk.release()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("publisher A did not stop")
+	}
+	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer ccancel()
+	if err := a.Close(cctx); err != nil {
+		t.Fatal(err)
+	}
+	blk.waitDone(pid)
+	blk.drop()
+
+	var held bool
+	if err := e.pool.QueryRow(context.Background(),
+		`SELECT claim_id IS NOT NULL FROM buzz.visibility_outbox WHERE viewer = $1`, viewer).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	if held {
+		t.Fatal("the outbox row is still claimed after A stopped: it waits out A's hour-long lease")
+	}
+	e.start(e.publisher("B", nil))
+	e.waitConverged([]string{viewer}, 10*time.Second)
+}
+
+// The same for reminders: a scheduler stopped mid-claim rolls its claim back, so another one
+// fires the reminder at once instead of after the lease.
+func TestSchedulerStopDuringClaimRollsBack(t *testing.T) {
+	e := newRemEnv(t)
+	blk := blockClaims(t, e.pool, "buzz.reminders", "NEW.state = 'claimed' AND OLD.state <> 'claimed'")
+	ev := e.store(time.Now().Unix() - 1)
+
+	s := NewScheduler(SchedulerConfig{InstanceID: "stopping", DatabaseURL: e.url, Lease: time.Hour,
+		Logger: slog.New(slog.NewTextHandler(remTLog{t}, nil))}, e.pool)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }() // its first batch claims the due reminder and blocks
+	pid := blk.waitBlocked()
+	cancel()
+	blk.release()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("scheduler did not stop")
+	}
+	blk.waitDone(pid)
+	blk.drop()
+
+	if st, rb, _ := e.state(ev.ID); st != "armed" || rb != 1 {
+		t.Fatalf("after stopping mid-claim: %s with %d rollbacks, want armed/1 (not held for the lease)", st, rb)
+	}
+	e.start("other", SchedulerConfig{})
+	e.waitState(ev.ID, "confirmed", 10*time.Second)
+	if due := e.dueStamps(); len(due[ev.ID]) != 1 {
+		t.Fatalf("due messages %v", due)
+	}
+}
