@@ -523,4 +523,8 @@ func TestReapClock(t *testing.T) {
 	if !r.mayReap(at(22 * hb)) {
 		t.Fatal("does not reap StaleAfter after the outage")
 	}
+	// A second outage begins: no success since 22 s. The run is over, however long it was.
+	if r.mayReap(at(22*hb + 2*hb)) {
+		t.Fatal("reaps while its own beats fail (the first reap back after an outage)")
+	}
 }
