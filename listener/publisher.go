@@ -330,8 +330,11 @@ func (p *Publisher) handle(ctx context.Context, c claimed) {
 		metrics.Publications.WithLabelValues("failed").Inc()
 		p.log.Warn("snapshot publication failed; backing off", "viewer", c.viewer,
 			"attempts", c.attempts+1, "retry_in", p.backoffDelay(c.attempts), "err", err)
-		p.release(ctx, c, err)
-		p.finish(c)
+		// Tests stop the publisher here: it decided to release, shutdown may cut in.
+		hooks.At(context.WithValue(ctx, publisherKey{}, p.cfg.InstanceID), HookBeforeRelease)
+		if p.release(ctx, c, err) {
+			p.finish(c)
+		}
 		return
 	}
 	if outcome == OutcomePublished {

@@ -93,3 +93,49 @@ func TestSchedulerStopDuringClaimRollsBack(t *testing.T) {
 		t.Fatalf("due messages %v", due)
 	}
 }
+
+// A publisher stopped between a failed publication and the release of its row still gives the row
+// back: the release fails at once (pgx does not send a statement on a cancelled context), and a
+// release that fails leaves the claim with those Close releases. CI hit this window.
+func TestSnapshotStopBeforeReleaseGivesRowBack(t *testing.T) {
+	e := newPubEnv(t)
+	_, viewer := testenv.NewKey()
+	x, _ := e.dm(viewer)
+	e.exec(`CREATE FUNCTION public.fail_snapshots() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'test: snapshot storage down'; END $$;
+		CREATE TRIGGER fail_snapshots BEFORE INSERT ON buzz.events
+		  FOR EACH ROW WHEN (NEW.kind = 30622) EXECUTE FUNCTION public.fail_snapshots();`)
+	gate := pauseAt(t, HookBeforeRelease, "A")
+
+	a := e.publisher("A", func(c *PublisherConfig) { c.Lease = time.Hour })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	e.hide(viewer, x)
+	gate.wait(t) // A's publication failed; it is about to release the row
+	cancel()     // the gate lets A go on with a cancelled context
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("publisher A did not stop")
+	}
+	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer ccancel()
+	if err := a.Close(cctx); err != nil {
+		t.Fatal(err)
+	}
+	var held bool
+	if err := e.pool.QueryRow(context.Background(),
+		`SELECT claim_id IS NOT NULL FROM buzz.visibility_outbox WHERE viewer = $1`, viewer).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	if held {
+		t.Fatal("the outbox row is still claimed after A stopped: it waits out A's hour-long lease")
+	}
+	e.exec(`DROP TRIGGER fail_snapshots ON buzz.events`)
+	e.start(e.publisher("B", nil))
+	e.waitConverged([]string{viewer}, 10*time.Second)
+}

@@ -33,6 +33,9 @@ const (
 // test can hold a publisher with a stale generation while the state moves on.
 const HookBeforeFence = "publish.before_fence"
 
+// HookBeforeRelease is the pause point between a failed publication and giving its row back.
+const HookBeforeRelease = "publish.before_release"
+
 // maxRetries bounds 'retry' loops of one PublishViewer call (each one re-reads the source); the
 // worker then releases the claim with backoff and the row comes back later.
 const maxRetries = 16
