@@ -61,7 +61,7 @@ func newClaimID() string {
 // predates the claim's UPDATE, so a source older than the claimed row is not used (src = nil).
 func (p *Publisher) claimBatch(ctx context.Context, size int) ([]claimed, error) {
 	id := newClaimID()
-	ctx, cancel := claimContext(ctx, p.cfg.Lease)
+	ctx, cancel := claimContext(ctx)
 	defer cancel()
 	rows, err := p.pool.Query(ctx, `
 		SELECT c.viewer, c.generation, c.attempts, c.pending_seconds,
@@ -92,7 +92,7 @@ func (p *Publisher) claimBatch(ctx context.Context, size int) ([]claimed, error)
 	}
 	if err := rows.Err(); err != nil {
 		// The claim may have committed with its rows lost on the way (a dropped connection, or
-		// the database slower than claimTimeout): the lease bounds how long they wait.
+		// a stop that outlasted claimGrace): the lease bounds how long they wait.
 		return nil, err
 	}
 	if len(out) > 0 {

@@ -246,7 +246,7 @@ type errConfirm struct{ error }
 func (e errConfirm) Unwrap() error { return e.error }
 
 func (s *Scheduler) claimBatch(ctx context.Context) ([]claim, error) {
-	ctx, cancel := claimContext(ctx, s.cfg.Lease)
+	ctx, cancel := claimContext(ctx)
 	defer cancel()
 	rows, err := s.pool.Query(ctx, `SELECT id, not_before, stamp, recovered FROM buzz.claim_due_reminders($1, $2, false)`,
 		s.cfg.BatchSize, s.cfg.Lease)
