@@ -38,6 +38,26 @@ func remStoreMany(t testing.TB, pool *pgxpool.Pool, evs []*nostr.Event) {
 	}
 }
 
+// remStoreRolledBack stores events through accept_event in one transaction and rolls it back
+// (measuring what storing costs without keeping anything).
+func remStoreRolledBack(t testing.TB, pool *pgxpool.Pool, evs []*nostr.Event) {
+	t.Helper()
+	ctx := context.Background()
+	batch := &pgx.Batch{}
+	for _, ev := range evs {
+		raw, _ := json.Marshal(ev)
+		batch.Queue(`SELECT buzz.accept_event($1::jsonb)`, string(raw))
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // remBulkStore inserts signed 30300 versions (distinct d tags, all with not_before nb) the way
 // accept_event stores them, in one statement, and wakes the schedulers.
 func remBulkStore(t testing.TB, pool *pgxpool.Pool, evs []*nostr.Event, nb int64) {
@@ -157,7 +177,17 @@ func TestReminderBurstTwoProcesses(t *testing.T) {
 	evs := make([]*nostr.Event, n)
 	var nb int64
 	if n <= 1000 {
-		nb = t0.Unix() + 10 // signing and storing 1,000 on a loaded machine takes a few seconds
+		// All must be stored before they are due, and the test then idles until not_before: the
+		// lead time comes from the measured cost of signing and storing a sample (in a
+		// transaction rolled back, so nothing of it stays), three times over plus 5 s for load.
+		cal := time.Now()
+		sample := make([]*nostr.Event, 100)
+		for i := range sample {
+			sample[i] = remEvent(t, sk, t0.Unix(), fmt.Sprint("calibration", i), remNB(t0.Unix()+3600))
+		}
+		remStoreRolledBack(t, pool, sample)
+		perEvent := time.Since(cal) / time.Duration(len(sample))
+		nb = time.Now().Add(5*time.Second+3*time.Duration(n)*perEvent).Unix() + 1
 		for i := range evs {
 			evs[i] = remEvent(t, sk, t0.Unix(), fmt.Sprint("burst", i), remNB(nb))
 		}
@@ -183,6 +213,7 @@ func TestReminderBurstTwoProcesses(t *testing.T) {
 	if armed != n {
 		t.Fatalf("%d of %d armed after storing (took %s); due too early, raise the lead time", armed, n, time.Since(t0))
 	}
+	t.Logf("stored %d in %s, due %s later", n, time.Since(t0).Round(time.Millisecond), time.Until(time.Unix(nb, 0)).Round(time.Millisecond))
 	ids := make([]string, n)
 	for i, ev := range evs {
 		ids[i] = ev.ID
@@ -230,9 +261,10 @@ func TestReminderNewerVersionAcrossProcesses(t *testing.T) {
 	due := remDueSub(t, a.URL, sk, pk)
 
 	now := time.Now().Unix()
-	v1 := remEvent(t, sk, now-2, "addr", remNB(now+3))
+	// v1 is due 10 s out: v2 must be stored before then, even on a loaded machine.
+	v1 := remEvent(t, sk, now-2, "addr", remNB(now+10))
 	remMustAccept(t, pool, v1)
-	v2 := remEvent(t, sk, now-1, "addr", remNB(now+4)) // re-arms before v1 was due
+	v2 := remEvent(t, sk, now-1, "addr", remNB(now+11)) // re-arms before v1 was due
 	remMustAccept(t, pool, v2)
 	due.WaitEvents(30*time.Second, v2.ID)
 	v3 := remEvent(t, sk, now, "addr", remNB(now+3600)) // after the due signal was sent
