@@ -22,6 +22,8 @@ type Config struct {
 	MaxContentLength int           // bytes, default 65536
 	MaxFutureSeconds int64         // created_at upper bound relative to now, default 900
 	SendQueueBytes   int           // per-connection send queue bound, default 4 MiB
+	MaxConns         int           // open WebSocket connections per process, default 10000 (over: HTTP 503)
+	MaxConnsPerIP    int           // of them from one client IP, default 1000 (over: HTTP 429)
 	QueryTimeout     time.Duration // per REQ/COUNT query, default 5s
 	// MaxQueriesInFlight bounds concurrent REQ/COUNT queries per connection (default 4); a client
 	// that sends more waits (its reads stop) instead of taking more of the query pool.
@@ -76,6 +78,8 @@ func (c *Config) applyDefaults() error {
 	def(&c.MaxEventTags, 2000)
 	def(&c.MaxContentLength, 65536)
 	def(&c.SendQueueBytes, 4<<20)
+	def(&c.MaxConns, 10000)
+	def(&c.MaxConnsPerIP, 1000)
 	def(&c.MaxQueriesInFlight, 4)
 	def(&c.EventBurst, 100)
 	def(&c.ReqBurst, 50)

@@ -37,11 +37,13 @@ type Server struct {
 	ipEvents      *ipLimiter // nil: unlimited
 	ipReqs        *ipLimiter
 
-	mu      sync.RWMutex
-	conns   map[*conn]struct{}
-	connWG  sync.WaitGroup
-	closing atomic.Bool
-	nextID  atomic.Uint64
+	mu       sync.RWMutex
+	conns    map[*conn]struct{}
+	admitted int            // connection slots taken (admission.go), upgrades in progress included
+	perIP    map[string]int // the same per client IP
+	connWG   sync.WaitGroup
+	closing  atomic.Bool
+	nextID   atomic.Uint64
 
 	memberWait time.Duration // how long one member-set lookup may take (memberLookupWait)
 	lag        atomic.Pointer[func() time.Duration]
@@ -73,6 +75,7 @@ func New(cfg Config, acceptPool, queryPool *pgxpool.Pool) (*Server, error) {
 		query:  queryPool,
 		log:    cfg.Logger.With("component", "relay"),
 		conns:  map[*conn]struct{}{},
+		perIP:  map[string]int{},
 	}
 	s.stop, s.stopWork = context.WithCancel(context.Background())
 	s.memberWait = memberLookupWait
@@ -114,11 +117,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "relay shutting down", http.StatusServiceUnavailable)
 			return
 		}
+		ip := clientIP(r)
+		if !s.admit(w, ip) {
+			return
+		}
 		ws, err := s.upgrader.Upgrade(w, r, nil)
 		if err != nil {
+			s.unadmit(ip)
 			return // the upgrader already answered with an HTTP error
 		}
-		s.serveConn(ws, r)
+		s.serveConn(ws, r, ip)
 		return
 	}
 	if strings.Contains(r.Header.Get("Accept"), "application/nostr+json") || r.Method == http.MethodOptions {
@@ -129,7 +137,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte("buzzpg nostr relay: connect with a WebSocket client, or ask for Accept: application/nostr+json\n"))
 }
 
-func (s *Server) serveConn(ws *websocket.Conn, r *http.Request) {
+// serveConn runs an upgraded connection that holds an admission slot for ip.
+func (s *Server) serveConn(ws *websocket.Conn, r *http.Request, ip string) {
 	relayURL := s.cfg.RelayURL
 	if relayURL == "" {
 		relayURL = "ws://" + r.Host
@@ -140,6 +149,7 @@ func (s *Server) serveConn(ws *websocket.Conn, r *http.Request) {
 		s.mu.Unlock()
 		_ = ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseGoingAway, "relay shutting down"), timeNow().Add(writeWait))
 		_ = ws.Close()
+		s.unadmit(ip)
 		return
 	}
 	s.conns[c] = struct{}{}
@@ -156,6 +166,7 @@ func (s *Server) removeConn(c *conn, reason string) {
 	delete(s.conns, c)
 	s.mu.Unlock()
 	if ok {
+		s.unadmit(c.ip)
 		metrics.Connections.Dec()
 		if f := s.onConnClosed; f != nil {
 			f(c, reason)

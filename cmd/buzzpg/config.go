@@ -39,6 +39,8 @@ type serveConfig struct {
 	ReqBurst         int
 	IPEventRate      float64 // EVENTs per second per client IP across its connections
 	IPReqRate        float64
+	MaxConns         int // open WebSocket connections per process
+	IPMaxConns       int // of them from one client IP
 	ShutdownGrace    time.Duration
 	DBWait           time.Duration
 	ReminderBatch    int
@@ -130,6 +132,8 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	fs.IntVar(&c.ReqBurst, "req-burst", envInt("BUZZ_REQ_BURST", 50), "burst for --req-rate (BUZZ_REQ_BURST)")
 	fs.Float64Var(&c.IPEventRate, "ip-event-rate", envFloat("BUZZ_IP_EVENT_RATE", 0), "EVENTs per second per client IP, 0 = unlimited (BUZZ_IP_EVENT_RATE)")
 	fs.Float64Var(&c.IPReqRate, "ip-req-rate", envFloat("BUZZ_IP_REQ_RATE", 0), "REQ/COUNT per second per client IP, 0 = unlimited (BUZZ_IP_REQ_RATE)")
+	fs.IntVar(&c.MaxConns, "max-conns", envInt("BUZZ_MAX_CONNS", 10000), "open WebSocket connections per process; over it upgrades get 503 (BUZZ_MAX_CONNS)")
+	fs.IntVar(&c.IPMaxConns, "ip-max-conns", envInt("BUZZ_IP_MAX_CONNS", 1000), "open WebSocket connections per client IP; over it upgrades get 429 (BUZZ_IP_MAX_CONNS)")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", envDur("BUZZ_SHUTDOWN_GRACE", 10*time.Second), "how long graceful shutdown may take (BUZZ_SHUTDOWN_GRACE)")
 	fs.IntVar(&c.ReminderBatch, "reminder-batch", envInt("BUZZ_REMINDER_BATCH", 1000), "reminders claimed and confirmed per transaction (BUZZ_REMINDER_BATCH)")
 	fs.StringVar(&c.DebugListen, "debug-listen", envStr("BUZZ_DEBUG_LISTEN", ""), "address for Go's /debug/pprof profiles, off when empty; keep it private (BUZZ_DEBUG_LISTEN)")
@@ -142,6 +146,9 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	}
 	if c.AcceptConns < 1 || c.QueryConns < 1 || c.AcceptConnsMin < 0 {
 		return c, fmt.Errorf("BUZZ_ACCEPT_CONNS and BUZZ_QUERY_CONNS must be at least 1, BUZZ_ACCEPT_CONNS_MIN at least 0 (got %d, %d, %d)", c.AcceptConns, c.QueryConns, c.AcceptConnsMin)
+	}
+	if c.MaxConns < 1 || c.IPMaxConns < 1 {
+		return c, fmt.Errorf("BUZZ_MAX_CONNS and BUZZ_IP_MAX_CONNS must be at least 1 (got %d, %d)", c.MaxConns, c.IPMaxConns)
 	}
 	if c.DatabaseURL == "" {
 		return c, fmt.Errorf("DATABASE_URL is not set: point it at PostgreSQL (make run starts a private cluster and sets it)")

@@ -113,6 +113,8 @@ func runServe(args []string) error {
 			ReqBurst:         cfg.ReqBurst,
 			IPEventRate:      cfg.IPEventRate,
 			IPReqRate:        cfg.IPReqRate,
+			MaxConns:         cfg.MaxConns,
+			MaxConnsPerIP:    cfg.IPMaxConns,
 			Logger:           log,
 		}, accept, query)
 		if err != nil {

@@ -48,6 +48,8 @@ func TestServeEnvironmentIsParsedStrictly(t *testing.T) {
 		"BUZZ_EVENT_RATE":         "fast",
 		"BUZZ_ACCEPT_CONNS":       "-1",
 		"BUZZ_QUERY_CONNS":        "0",
+		"BUZZ_MAX_CONNS":          "0",
+		"BUZZ_IP_MAX_CONNS":       "none",
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Setenv(name, val)

@@ -22,6 +22,9 @@ var (
 	Connections = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "buzz_connections", Help: "Open WebSocket connections.",
 	})
+	ConnectionsRefused = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "buzz_connections_refused_total", Help: "WebSocket upgrades refused by the connection caps, by reason (relay_full, per_ip).",
+	}, []string{"reason"})
 	Subscriptions = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "buzz_subscriptions", Help: "Live subscriptions across connections.",
 	})
