@@ -44,3 +44,43 @@ func TestOperatorResetOfVisibilityState(t *testing.T) {
 		t.Fatalf("snapshot after unhide: %v, want none hidden", hs)
 	}
 }
+
+// A publisher read the viewer's source (generation 3, X hidden) before the operator's reset; the
+// restarted state reaches generation 1 with nothing hidden. The old generation is above anything
+// the state has now: the fence sends the publisher back to re-read (before 0010 it published
+// generation 3 with X hidden, and generations 1 to 3 of the new state counted as done).
+func TestOperatorResetFencesAnOlderRead(t *testing.T) {
+	e := newPubEnv(t)
+	_, viewer := testenv.NewKey()
+	x, _ := e.dm(viewer)
+	e.hide(viewer, x)
+	e.unhide(viewer, x)
+	e.hide(viewer, x)
+	if g := e.gens(viewer); g.target != 3 {
+		t.Fatalf("setup: generation %d, want 3", g.target)
+	}
+
+	a := e.publisher("A", nil)
+	gate := pauseAt(t, HookBeforeFence, "A")
+	type res struct {
+		out string
+		err error
+	}
+	done := make(chan res, 1)
+	go func() { o, err := a.PublishViewer(context.Background(), viewer); done <- res{o, err} }()
+	gate.wait(t) // A holds generation 3 with X hidden
+
+	e.exec(`DELETE FROM buzz.visibility_state WHERE viewer = $1`, viewer)
+	e.unhide(viewer, x) // the restarted state: generation 1, nothing hidden
+	gate.open()
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	g := e.gens(viewer)
+	_, hs := e.head(viewer)
+	if g.published != g.target || len(hs) != 0 {
+		t.Fatalf("after the reset: published %d, target %d, head hides %v; want the restarted generation with nothing hidden (A answered %q)",
+			g.published, g.target, hs, r.out)
+	}
+}
