@@ -123,13 +123,14 @@ func (p *Publisher) backoffDelay(attempts int) time.Duration {
 
 // release gives a row back after a failed publication, with backoff, and schedules a local drain
 // for when it is due (other processes find it with their periodic sweep).
-// It reports whether the row was given back; if not, the claim stays with those Close releases.
+// It reports whether the row was given back.
 func (p *Publisher) release(ctx context.Context, c claimed, cause error) bool {
 	var ok bool
 	err := p.pool.QueryRow(ctx, `SELECT buzz.release_visibility_claim($1, $2::uuid, $3, $4, $5)`,
 		c.viewer, c.claim, cause.Error(), p.cfg.BackoffBase, p.cfg.BackoffMax).Scan(&ok)
 	if err != nil {
-		// Close tries again; failing that, the lease expires and any listener re-takes the row.
+		// When stopping, Close tries again; failing that, the lease expires and any listener
+		// re-takes the row.
 		p.log.Warn("snapshot claim release failed", "viewer", c.viewer, "err", err)
 		return false
 	}

@@ -332,7 +332,9 @@ func (p *Publisher) handle(ctx context.Context, c claimed) {
 			"attempts", c.attempts+1, "retry_in", p.backoffDelay(c.attempts), "err", err)
 		// Tests stop the publisher here: it decided to release, shutdown may cut in.
 		hooks.At(context.WithValue(ctx, publisherKey{}, p.cfg.InstanceID), HookBeforeRelease)
-		if p.release(ctx, c, err) {
+		// A release that fails while stopping leaves the claim to Close; at any other time the
+		// lease takes care of the row (keeping the claim would grow p.claims with every blip).
+		if p.release(ctx, c, err) || ctx.Err() == nil {
 			p.finish(c)
 		}
 		return

@@ -207,20 +207,28 @@ func runServe(args []string) error {
 	}
 	cancelComps()
 	wg.Wait()
-	if err := publisher.Close(sctx); err != nil {
+	// Giving claims back and dropping the slot get their own few seconds: a long client drain
+	// (or a claim finishing its grace) must not leave them an expired context, which would leave
+	// rows to sit out their leases.
+	rctx, rcancel := context.WithTimeout(context.Background(), releaseGrace)
+	defer rcancel()
+	if err := publisher.Close(rctx); err != nil {
 		log.Warn("publisher close", "err", err)
 	}
-	if err := scheduler.Close(sctx); err != nil {
+	if err := scheduler.Close(rctx); err != nil {
 		log.Warn("scheduler close", "err", err)
 	}
 	if fanout != nil {
-		if err := fanout.Close(sctx); err != nil {
+		if err := fanout.Close(rctx); err != nil {
 			log.Warn("fanout close", "err", err)
 		}
 	}
 	log.Info("stopped")
 	return runErr
 }
+
+// releaseGrace bounds the releases of a graceful shutdown, after the components have stopped.
+const releaseGrace = 5 * time.Second
 
 // defaultRelayURL is the NIP-42 relay URL when BUZZ_RELAY_URL is unset: ws:// + BUZZ_LISTEN as
 // written (clients type the host the operator typed, e.g. localhost, not what it resolves to),
