@@ -19,14 +19,8 @@ import (
 func (f *Fanout) heartbeatLoop(ctx context.Context) {
 	rc := reapClock{gap: max(2*f.cfg.Heartbeat, f.cfg.StaleAfter/3), staleAfter: f.cfg.StaleAfter}
 	for {
-		// Reap only right after a beat of our own went through: a reap that succeeds just after a
-		// failed beat (a database still starting up) would judge the others by a clock that ran
-		// while none of us could beat.
-		if err := f.beat(ctx); err == nil {
-			rc.ok(time.Now())
-			if rc.mayReap(time.Now()) {
-				f.reap(ctx)
-			}
+		if rc.beat(f.beat(ctx), time.Now()) {
+			f.reap(ctx)
 		}
 		// Jitter keeps several processes started together from reaping in lockstep.
 		d := f.cfg.Heartbeat + time.Duration(rand.Int64N(int64(f.cfg.Heartbeat)/10+1))
@@ -39,11 +33,21 @@ func (f *Fanout) heartbeatLoop(ctx context.Context) {
 }
 
 // reapClock decides when a process may reap: once its successful beats have followed each other
-// with no gap of `gap` or more for staleAfter, and the last of them is less than `gap` old (the
-// run is still going on).
+// with no gap of `gap` or more for staleAfter.
 type reapClock struct {
 	gap, staleAfter time.Duration
 	upSince, lastOK time.Time // start of the current gap-free run of beats; its last success
+}
+
+// beat records one heartbeat's outcome and says whether to reap now. Only right after a beat of
+// our own went through: a reap that succeeds just after a failed beat (a database still starting
+// up) would judge the others by a clock that ran while none of us could beat.
+func (r *reapClock) beat(err error, now time.Time) bool {
+	if err != nil {
+		return false
+	}
+	r.ok(now)
+	return r.mayReap(now)
 }
 
 func (r *reapClock) ok(now time.Time) {
@@ -54,7 +58,7 @@ func (r *reapClock) ok(now time.Time) {
 }
 
 func (r *reapClock) mayReap(now time.Time) bool {
-	return !r.upSince.IsZero() && now.Sub(r.lastOK) < r.gap && now.Sub(r.upSince) >= r.staleAfter
+	return !r.upSince.IsZero() && now.Sub(r.upSince) >= r.staleAfter
 }
 
 func (f *Fanout) beat(ctx context.Context) error {

@@ -211,8 +211,9 @@ func TestFanoutKilledProcessSlotIsReaped(t *testing.T) {
 	t.Logf("slot of the killed process dropped %s after kill -9 (StaleAfter %s)", gone, stale)
 	// Slack on a loaded machine: 3 s for the reaper's own work, and StaleAfter more in case a
 	// survivor's failed beats restarted the gap-free run it must have before it reaps.
-	if gone > stale+stale/3+stale/10+stale+3*time.Second {
-		t.Errorf("slot dropped after %s; documented bound is StaleAfter + StaleAfter/3 (+10%% jitter) = %s", gone, stale+stale/3+stale/10)
+	if bound := stale + stale/3 + stale/10 + stale + 3*time.Second; gone > bound {
+		t.Errorf("slot dropped after %s; documented bound is StaleAfter + StaleAfter/3 (+10%% jitter) = %s, allowed here with slack %s",
+			gone, stale+stale/3+stale/10, bound)
 	}
 	ev := author.event(1, "after reaping")
 	pub.MustPublish(ev)
