@@ -21,39 +21,19 @@ func TestSnapshotStopDuringClaimGivesRowsBack(t *testing.T) {
 		"NEW.claim_id IS NOT NULL AND NEW.claim_id IS DISTINCT FROM OLD.claim_id")
 
 	a := e.publisher("A", func(c *PublisherConfig) { c.Lease = time.Hour })
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
+	cancel, stopped := runStoppable(t, a.Run)
 	testenv.WaitUntil(t, 10*time.Second, "publisher A listening", a.Listening)
 
 	e.hide(viewer, x) // A is woken; its claim blocks inside the UPDATE
 	pid := blk.waitBlocked()
 	cancel() // stop A while the claim is half done
 	blk.release()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("publisher A did not stop")
-	}
-	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer ccancel()
-	if err := a.Close(cctx); err != nil {
-		t.Fatal(err)
-	}
+	stopped()
+	closeWithin(t, a.Close)
 	blk.waitDone(pid)
 	blk.drop()
 
-	var held bool
-	if err := e.pool.QueryRow(context.Background(),
-		`SELECT claim_id IS NOT NULL FROM buzz.visibility_outbox WHERE viewer = $1`, viewer).Scan(&held); err != nil {
-		t.Fatal(err)
-	}
-	if held {
-		t.Fatal("the outbox row is still claimed after A stopped: it waits out A's hour-long lease")
-	}
+	e.assertUnclaimed(viewer)
 	e.start(e.publisher("B", nil))
 	e.waitConverged([]string{viewer}, 10*time.Second)
 }
@@ -67,20 +47,11 @@ func TestSchedulerStopDuringClaimRollsBack(t *testing.T) {
 
 	s := NewScheduler(SchedulerConfig{InstanceID: "stopping", DatabaseURL: e.url, Lease: time.Hour,
 		Logger: slog.New(slog.NewTextHandler(remTLog{t}, nil))}, e.pool)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }() // its first batch claims the due reminder and blocks
+	cancel, stopped := runStoppable(t, s.Run) // its first batch claims the due reminder and blocks
 	pid := blk.waitBlocked()
 	cancel()
 	blk.release()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("scheduler did not stop")
-	}
+	stopped()
 	blk.waitDone(pid)
 	blk.drop()
 
@@ -108,34 +79,54 @@ func TestSnapshotStopBeforeReleaseGivesRowBack(t *testing.T) {
 	gate := pauseAt(t, HookBeforeRelease, "A")
 
 	a := e.publisher("A", func(c *PublisherConfig) { c.Lease = time.Hour })
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
+	cancel, stopped := runStoppable(t, a.Run)
 	e.hide(viewer, x)
 	gate.wait(t) // A's publication failed; it is about to release the row
 	cancel()     // the gate lets A go on with a cancelled context
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("publisher A did not stop")
-	}
-	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer ccancel()
-	if err := a.Close(cctx); err != nil {
-		t.Fatal(err)
-	}
-	var held bool
-	if err := e.pool.QueryRow(context.Background(),
-		`SELECT claim_id IS NOT NULL FROM buzz.visibility_outbox WHERE viewer = $1`, viewer).Scan(&held); err != nil {
-		t.Fatal(err)
-	}
-	if held {
-		t.Fatal("the outbox row is still claimed after A stopped: it waits out A's hour-long lease")
-	}
+	stopped()
+	closeWithin(t, a.Close)
+	e.assertUnclaimed(viewer)
 	e.exec(`DROP TRIGGER fail_snapshots ON buzz.events`)
 	e.start(e.publisher("B", nil))
 	e.waitConverged([]string{viewer}, 10*time.Second)
+}
+
+// runStoppable runs run in the background; cancel stops it, stopped waits until it returned nil.
+func runStoppable(t *testing.T, run func(context.Context) error) (cancel context.CancelFunc, stopped func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	t.Cleanup(cancel)
+	return cancel, func() {
+		t.Helper()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("did not stop")
+		}
+	}
+}
+
+func closeWithin(t *testing.T, close func(context.Context) error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := close(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (e *pubEnv) assertUnclaimed(viewer string) {
+	e.t.Helper()
+	var held bool
+	if err := e.pool.QueryRow(context.Background(),
+		`SELECT claim_id IS NOT NULL FROM buzz.visibility_outbox WHERE viewer = $1`, viewer).Scan(&held); err != nil {
+		e.t.Fatal(err)
+	}
+	if held {
+		e.t.Fatal("the outbox row is still claimed after the publisher stopped: it waits out the hour-long lease")
+	}
 }
