@@ -1,0 +1,57 @@
+package tests
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/buzzpg/buzzpg/internal/testenv"
+	"github.com/buzzpg/buzzpg/listener"
+)
+
+// A graceful shutdown whose client drain uses up BUZZ_SHUTDOWN_GRACE still gives back the
+// publisher's claim: the releases get their own time once the components have stopped (before,
+// Close got the drain's expired context, and the row waited out its lease, an hour here).
+func TestShutdownAfterALongDrainReleasesClaims(t *testing.T) {
+	dbURL := testenv.FreshDB(t)
+	pool := testenv.Pool(t, dbURL)
+	ctx := context.Background()
+	hookDir := t.TempDir()
+	r := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: dbURL, HookDir: hookDir,
+		Hooks: []string{listener.HookBeforeFence},
+		Env:   map[string]string{"BUZZ_SHUTDOWN_GRACE": "1s", "BUZZ_LEASE": "1h"}})
+
+	_, viewer := testenv.NewKey()
+	_, other := testenv.NewKey()
+	var ch string
+	if err := pool.QueryRow(ctx, `SELECT channel_id::text FROM buzz.open_dm($1, ARRAY[$2], NULL)`, viewer, other).Scan(&ch); err != nil {
+		t.Fatal(err)
+	}
+	snapExec(t, pool, `SELECT buzz.hide_dm($1, $2::uuid)`, viewer, ch)
+	testenv.WaitHook(t, hookDir, listener.HookBeforeFence, 30*time.Second) // the publisher holds the claim
+
+	// A client that never answers the close handshake keeps the drain busy for the whole grace.
+	ws, _, err := websocket.DefaultDialer.Dial(r.URL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+
+	r.Stop() // SIGTERM
+	if code := r.ExitCode(); code != 0 {
+		t.Fatalf("serve exited with %d:\n%s", code, r.Log())
+	}
+	var held bool
+	if err := pool.QueryRow(ctx, `SELECT claim_id IS NOT NULL FROM buzz.visibility_outbox WHERE viewer = $1`, viewer).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	if held {
+		t.Fatal("the outbox row is still claimed after a graceful shutdown: it waits out the hour-long lease")
+	}
+	if !strings.Contains(r.Log(), "released its claims") {
+		t.Fatal("serve did not log giving its claims back")
+	}
+}
