@@ -38,6 +38,14 @@ func (e *env) accept(ev *nostr.Event) (bool, string) {
 	return ok, msg
 }
 
+// mustAccept accepts ev and fails the test unless it got OK true.
+func (e *env) mustAccept(ev *nostr.Event) {
+	e.t.Helper()
+	if ok, msg := e.accept(ev); !ok {
+		e.t.Fatalf("got OK false %q, want true", msg)
+	}
+}
+
 func (e *env) stored(id string) bool {
 	var n int
 	_ = e.pool.QueryRow(context.Background(), `SELECT count(*) FROM buzz.events WHERE id=$1`, id).Scan(&n)
@@ -89,9 +97,8 @@ func TestRegularAndDuplicate(t *testing.T) {
 	e := newEnv(t)
 	u := testenv.NewUser()
 	ev := u.Event(t, 1, nil, "hello")
+	e.mustAccept(ev)
 	ok, msg := e.accept(ev)
-	expect(t, ok, msg, true, "")
-	ok, msg = e.accept(ev)
 	expect(t, ok, msg, true, "duplicate:")
 	if !e.stored(ev.ID) {
 		t.Fatal("not stored")
@@ -105,11 +112,9 @@ func TestReplaceableNewerWinsOlderRejected(t *testing.T) {
 	for _, kind := range []int{0, 3, 10002} {
 		v1 := u.EventAt(t, kind, nil, "v1", now-10)
 		v2 := u.EventAt(t, kind, nil, "v2", now-5)
-		ok, msg := e.accept(v1)
-		expect(t, ok, msg, true, "")
-		ok, msg = e.accept(v2)
-		expect(t, ok, msg, true, "")
-		ok, msg = e.accept(u.EventAt(t, kind, nil, "v0", now-20))
+		e.mustAccept(v1)
+		e.mustAccept(v2)
+		ok, msg := e.accept(u.EventAt(t, kind, nil, "v0", now-20))
 		expect(t, ok, msg, false, "duplicate: have newer")
 		if h := e.heads(kind, u.PK, ""); len(h) != 1 || h[0] != v2.ID {
 			t.Fatalf("kind %d heads %v, want [%s]", kind, h, v2.ID)
@@ -125,8 +130,7 @@ func TestAddressableKeyedByD(t *testing.T) {
 	b1 := u.EventAt(t, 30023, nostr.Tags{{"d", "b"}}, "b1", now-10)
 	a2 := u.EventAt(t, 30023, nostr.Tags{{"d", "a"}}, "a2", now-5)
 	for _, ev := range []*nostr.Event{a1, b1, a2} {
-		ok, msg := e.accept(ev)
-		expect(t, ok, msg, true, "")
+		e.mustAccept(ev)
 	}
 	if h := e.heads(30023, u.PK, "a"); len(h) != 1 || h[0] != a2.ID {
 		t.Fatalf("d=a heads %v", h)
@@ -136,8 +140,7 @@ func TestAddressableKeyedByD(t *testing.T) {
 	}
 	// No d tag means d = "".
 	n1 := u.EventAt(t, 30023, nil, "n1", now-10)
-	ok, msg := e.accept(n1)
-	expect(t, ok, msg, true, "")
+	e.mustAccept(n1)
 	if h := e.heads(30023, u.PK, ""); len(h) != 1 {
 		t.Fatalf("empty d heads %v", h)
 	}
@@ -163,9 +166,8 @@ func TestEqualCreatedAtKeepsLowestID(t *testing.T) {
 		if order == "high-first" {
 			first, second = high, low
 		}
-		ok, msg := e.accept(first)
-		expect(t, ok, msg, true, "")
-		ok, msg = e.accept(second)
+		e.mustAccept(first)
+		ok, msg := e.accept(second)
 		if order == "low-first" {
 			expect(t, ok, msg, false, "duplicate: have newer")
 		} else {
@@ -209,15 +211,14 @@ func TestDeletionByID(t *testing.T) {
 	e.accept(mine)
 	e.accept(theirs)
 	del := u.Event(t, 5, nostr.Tags{{"e", mine.ID}, {"e", theirs.ID}}, "")
-	ok, msg := e.accept(del)
-	expect(t, ok, msg, true, "")
+	e.mustAccept(del)
 	if e.stored(mine.ID) {
 		t.Fatal("own event not deleted")
 	}
 	if !e.stored(theirs.ID) {
 		t.Fatal("someone else's event was deleted")
 	}
-	ok, msg = e.accept(mine)
+	ok, msg := e.accept(mine)
 	expect(t, ok, msg, false, "blocked: deleted")
 	if e.stored(mine.ID) {
 		t.Fatal("a deleted id came back")
@@ -236,16 +237,14 @@ func TestDeletionByAddressStopsAtCreatedAt(t *testing.T) {
 	old := u.EventAt(t, 30023, nostr.Tags{{"d", "post"}}, "old", now-100)
 	e.accept(old)
 	del := u.EventAt(t, 5, nostr.Tags{{"a", "30023:" + u.PK + ":post"}}, "", now-50)
-	ok, msg := e.accept(del)
-	expect(t, ok, msg, true, "")
+	e.mustAccept(del)
 	if e.stored(old.ID) {
 		t.Fatal("a-deletion did not delete the older version")
 	}
-	ok, msg = e.accept(u.EventAt(t, 30023, nostr.Tags{{"d", "post"}}, "before deletion", now-60))
+	ok, msg := e.accept(u.EventAt(t, 30023, nostr.Tags{{"d", "post"}}, "before deletion", now-60))
 	expect(t, ok, msg, false, "blocked: deleted")
 	newer := u.EventAt(t, 30023, nostr.Tags{{"d", "post"}}, "after deletion", now-10)
-	ok, msg = e.accept(newer)
-	expect(t, ok, msg, true, "")
+	e.mustAccept(newer)
 	if !e.stored(newer.ID) {
 		t.Fatal("a version newer than the deletion must be accepted")
 	}
@@ -266,8 +265,7 @@ func TestExpiration(t *testing.T) {
 	ok, msg = e.accept(u.Event(t, 1, nostr.Tags{{"expiration", "soon"}}, "bad"))
 	expect(t, ok, msg, false, "invalid:")
 	live := u.Event(t, 1, nostr.Tags{{"expiration", strconv.FormatInt(int64(now+3600), 10)}}, "live")
-	ok, msg = e.accept(live)
-	expect(t, ok, msg, true, "")
+	e.mustAccept(live)
 	var exp int64
 	_ = e.pool.QueryRow(context.Background(), `SELECT expires_at FROM buzz.events WHERE id=$1`, live.ID).Scan(&exp)
 	if exp != int64(now+3600) {
@@ -310,8 +308,7 @@ func TestEphemeralNeverStored(t *testing.T) {
 	e := newEnv(t)
 	u := testenv.NewUser()
 	ev := u.Event(t, 20001, nil, "typing")
-	ok, msg := e.accept(ev)
-	expect(t, ok, msg, true, "")
+	e.mustAccept(ev)
 	if e.stored(ev.ID) {
 		t.Fatal("ephemeral event stored")
 	}
@@ -329,8 +326,7 @@ func TestReadScopes(t *testing.T) {
 	wrap := u.Event(t, 1059, nostr.Tags{{"p", v.PK}}, "sealed")
 	rem := u.Event(t, 30300, nostr.Tags{{"d", "r1"}}, "enc")
 	for _, ev := range []*nostr.Event{pub, wrap, rem} {
-		ok, msg := e.accept(ev)
-		expect(t, ok, msg, true, "")
+		e.mustAccept(ev)
 	}
 	if scope(pub.ID) != "*" || scope(wrap.ID) != "p"+v.PK || scope(rem.ID) != "a" {
 		t.Fatalf("scopes: %q %q %q", scope(pub.ID), scope(wrap.ID), scope(rem.ID))
@@ -361,8 +357,7 @@ func TestReadScopes(t *testing.T) {
 		{"public id", nostr.Tags{{"e", pub2.ID}}, "*"},
 	} {
 		d := u.Event(t, 5, c.tags, c.name)
-		ok, msg := e.accept(d)
-		expect(t, ok, msg, true, "")
+		e.mustAccept(d)
 		if got := scope(d.ID); got != c.scope {
 			t.Errorf("deletion naming %s: scope %q, want %q", c.name, got, c.scope)
 		}
@@ -423,18 +418,16 @@ func TestDeletionTombstonePerAuthor(t *testing.T) {
 	note := alice.Event(t, 1, nil, "mine")
 	unseen := alice.Event(t, 1, nil, "not published yet")
 	e.accept(note)
-	ok, msg := e.accept(mallory.Event(t, 5, nostr.Tags{{"e", note.ID}, {"e", unseen.ID}}, ""))
-	expect(t, ok, msg, true, "")
+	e.mustAccept(mallory.Event(t, 5, nostr.Tags{{"e", note.ID}, {"e", unseen.ID}}, ""))
 	if !e.stored(note.ID) {
 		t.Fatal("someone else's deletion deleted the note")
 	}
-	ok, msg = e.accept(alice.Event(t, 5, nostr.Tags{{"e", note.ID}, {"e", unseen.ID}}, ""))
-	expect(t, ok, msg, true, "")
+	e.mustAccept(alice.Event(t, 5, nostr.Tags{{"e", note.ID}, {"e", unseen.ID}}, ""))
 	if e.stored(note.ID) {
 		t.Fatal("the author's deletion did not delete the note")
 	}
 	for _, ev := range []*nostr.Event{note, unseen} {
-		ok, msg = e.accept(ev)
+		ok, msg := e.accept(ev)
 		expect(t, ok, msg, false, "blocked: deleted")
 		if e.stored(ev.ID) {
 			t.Fatalf("%s came back after its author deleted it", ev.Content)
@@ -442,8 +435,7 @@ func TestDeletionTombstonePerAuthor(t *testing.T) {
 	}
 	// Mallory's own tombstone changes nothing for events of hers that she never deleted.
 	hers := mallory.Event(t, 1, nil, "hers")
-	ok, msg = e.accept(hers)
-	expect(t, ok, msg, true, "")
+	e.mustAccept(hers)
 }
 
 // An event names at most one channel: membership is checked for one h value, and the read gate and
@@ -479,8 +471,7 @@ func TestEventNamesAtMostOneChannel(t *testing.T) {
 	}
 	// The same channel twice is still one channel.
 	ev := a.Event(t, 9, nostr.Tags{{"h", dm1}, {"h", dm1}}, "one channel, named twice")
-	ok, msg := e.accept(ev)
-	expect(t, ok, msg, true, "")
+	e.mustAccept(ev)
 	if !e.stored(ev.ID) {
 		t.Fatal("a message naming its channel twice was not stored")
 	}
@@ -527,6 +518,5 @@ func TestShapeChecksForSQLCallers(t *testing.T) {
 	if n != 0 {
 		t.Fatalf("%d rows stored by rejected calls", n)
 	}
-	ok, msg := e.accept(base)
-	expect(t, ok, msg, true, "")
+	e.mustAccept(base)
 }
