@@ -12,6 +12,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/db"
@@ -121,9 +122,20 @@ func PublishSigned(ctx context.Context, q Querier, viewer string, generation int
 			viewer, generation, string(body)).Scan(&outcome)
 	})
 	if err != nil {
+		if aboveTarget(err) {
+			return OutcomeRetry, nil
+		}
 		return "", fmt.Errorf("publish_visibility_snapshot: %w", err)
 	}
 	return outcome, nil
+}
+
+// aboveTarget reports a publication refused by visibility_state_published_le_target: its
+// generation was read before the viewer's state row was deleted and started again, so it is
+// above anything the state has now. Re-reading finds the new generation.
+func aboveTarget(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23514" && pgErr.ConstraintName == "visibility_state_published_le_target"
 }
 
 // signedItem is one viewer's snapshot ready for the fence.
