@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nbd-wtf/go-nostr"
 
@@ -105,12 +106,18 @@ func checkShapeAndSignature(ev *nostr.Event) string {
 
 // checkEvent is everything Go decides about an EVENT before SQL; "" means call accept_event.
 func (s *Server) checkEvent(ev *nostr.Event, authed []string, now time.Time) string {
-	// Limits first: they are cheaper than hashing and verifying.
-	if len(ev.Content) > s.cfg.MaxContentLength {
-		return fmt.Sprintf("invalid: content longer than %d bytes", s.cfg.MaxContentLength)
+	// Limits first: they are cheaper than hashing and verifying. NIP-11 counts content in
+	// unicode characters; the byte length bounds that count, so most events skip the rune scan.
+	if len(ev.Content) > s.cfg.MaxContentLength && utf8.RuneCountInString(ev.Content) > s.cfg.MaxContentLength {
+		return fmt.Sprintf("invalid: content longer than %d characters", s.cfg.MaxContentLength)
 	}
 	if len(ev.Tags) > s.cfg.MaxEventTags {
 		return fmt.Sprintf("invalid: more than %d tags", s.cfg.MaxEventTags)
+	}
+	if ev.Kind == nostr.KindDeletion {
+		if n := deletionTargets(ev); n > maxDeletionTargets {
+			return fmt.Sprintf("invalid: a deletion names at most %d events or addresses (this one names %d); send several", maxDeletionTargets, n)
+		}
 	}
 	if reason := checkShapeAndSignature(ev); reason != "" {
 		return reason
@@ -128,6 +135,19 @@ func (s *Server) checkEvent(ev *nostr.Event, authed []string, now time.Time) str
 		return "auth-required: this event is protected (NIP-70); AUTH as its author to publish it"
 	}
 	return ""
+}
+
+// deletionTargets counts the e and a tags of a kind 5: apply_deletion holds one advisory lock per
+// target until commit, in PostgreSQL's shared lock table, so an unbounded request (2,000 tags fit a
+// frame) lets a few clients fill that table and fail every other transaction.
+func deletionTargets(ev *nostr.Event) int {
+	n := 0
+	for _, t := range ev.Tags {
+		if len(t) >= 2 && (t[0] == "e" || t[0] == "a") {
+			n++
+		}
+	}
+	return n
 }
 
 // isProtected reports a NIP-70 ["-"] tag.

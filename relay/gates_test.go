@@ -228,6 +228,23 @@ func TestReadGates(t *testing.T) {
 		syncNone(t, a.c, "rem-live")
 	})
 
+	t.Run("a hide is its author's alone", func(t *testing.T) {
+		// A 41012 carries the DM's h tag, yet nobody else learns that a member hid the DM.
+		hide := signed(a.sk, 41012, "", nostr.Now(), nostr.Tag{"h", ch})
+		a.c.mustPublish(hide)
+		byH := nostr.Filter{Tags: nostr.TagMap{"h": {ch}}}
+		for _, ev := range b.c.req("hide-b", byH) {
+			if ev.ID == hide.ID {
+				t.Fatal("another member read the hide through #h")
+			}
+		}
+		byHKinds := nostr.Filter{Tags: nostr.TagMap{"h": {ch}}, Kinds: []int{9, 41012}}
+		if n, closed := b.c.count("hide-bc", byHKinds); n != 1 || closed != "" { // the message, not the hide
+			t.Fatalf("another member counts %d events of kinds 9/41012 under #h (%q), want 1", n, closed)
+		}
+		sameIDs(t, "author", a.c.req("hide-a", nostr.Filter{Kinds: []int{41012}, Authors: []string{a.pk}}), hide)
+	})
+
 	t.Run("deliveries to nobody's filters", func(t *testing.T) {
 		// An event nobody subscribed to goes nowhere (and Deliver does not fail).
 		x := signed(other.sk, 1, "x", nostr.Now())

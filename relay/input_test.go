@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -73,6 +74,7 @@ func TestBadInput(t *testing.T) {
 	badSig.Sig = strings.Repeat("ab", 64)
 	okFalse("bad signature", badSig, "invalid:")
 	okFalse("content too long", signed(sk, 1, strings.Repeat("x", 1001), now), "invalid:")
+	okFalse("content too long in characters", signed(sk, 1, strings.Repeat("é", 1001), now), "invalid: content longer than 1000 characters")
 	okFalse("too many tags", signed(sk, 1, "", now, nostr.Tag{"t", "1"}, nostr.Tag{"t", "2"}, nostr.Tag{"t", "3"}, nostr.Tag{"t", "4"}, nostr.Tag{"t", "5"}, nostr.Tag{"t", "6"}), "invalid:")
 	okFalse("NUL in content", signed(sk, 1, "a\x00b", now), "invalid:")
 	okFalse("NUL in tag", signed(sk, 1, "", now, nostr.Tag{"t", "a\x00"}), "invalid:")
@@ -81,6 +83,13 @@ func TestBadInput(t *testing.T) {
 	okFalse("expired", signed(sk, 1, "", now-10, nostr.Tag{"expiration", fmt.Sprint(int64(now) - 5)}), "invalid:")
 	okFalse("reminder without d", signed(sk, 30300, "", now), "invalid: missing d tag")
 	okFalse("reminder not_before malformed", signed(sk, 30300, "", now, nostr.Tag{"d", "x"}, nostr.Tag{"not_before", "0123"}), "invalid: malformed not_before")
+
+	// max_content_length counts unicode characters (NIP-11), not bytes: 1,000 two-byte ones fit.
+	wideSK, widePK := testenv.NewKey()
+	c.mustPublish(signed(wideSK, 1, strings.Repeat("é", 1000), now))
+	if n := tr.eventCount(t, "pubkey = $1", widePK); n != 1 {
+		t.Fatalf("1,000 two-byte characters: %d stored", n)
+	}
 
 	// A malformed EVENT whose id can be read still gets its OK.
 	id := randHex64()
@@ -157,6 +166,49 @@ func TestBadInput(t *testing.T) {
 	}
 	// Other connections are unaffected.
 	alive(t, tr.dial(t))
+}
+
+// A deletion names at most maxDeletionTargets events or addresses: each one is a lock held in
+// PostgreSQL's shared lock table until the deletion commits.
+func TestDeletionTargetCap(t *testing.T) {
+	tr := startRelay(t, nil)
+	c := tr.dial(t)
+	sk, pk := testenv.NewKey()
+	now := nostr.Now()
+	targets := func(n int) nostr.Tags {
+		tags := nostr.Tags{}
+		for i := range n {
+			if i%2 == 0 {
+				tags = append(tags, nostr.Tag{"e", randHex64()})
+			} else {
+				tags = append(tags, nostr.Tag{"a", fmt.Sprintf("30023:%s:d%d", pk, i)})
+			}
+		}
+		return tags
+	}
+	over := signed(sk, 5, "", now, targets(maxDeletionTargets+1)...)
+	if r := c.publish(over); r.ok || !strings.HasPrefix(r.msg, "invalid: a deletion names at most") {
+		t.Fatalf("%d targets: %+v", maxDeletionTargets+1, r)
+	}
+	tombstones := func() int {
+		var n int
+		if err := tr.pool.QueryRow(context.Background(), `SELECT
+		    (SELECT count(*) FROM buzz.events WHERE pubkey = $1)
+		  + (SELECT count(*) FROM buzz.deleted_ids WHERE pubkey = $1)
+		  + (SELECT count(*) FROM buzz.deleted_addresses WHERE pubkey = $1)`, pk).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := tombstones(); n != 0 {
+		t.Fatalf("the refused deletion left %d rows", n)
+	}
+	// Tags other than e and a do not count, and the cap itself is accepted.
+	at := signed(sk, 5, "", now, append(targets(maxDeletionTargets), nostr.Tag{"k", "1"}, nostr.Tag{"p", pk})...)
+	c.mustPublish(at)
+	if n := tombstones(); n != 1+maxDeletionTargets {
+		t.Fatalf("deletion of %d targets: %d rows (event + tombstones), want %d", maxDeletionTargets, n, 1+maxDeletionTargets)
+	}
 }
 
 func TestNIP11(t *testing.T) {

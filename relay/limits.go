@@ -19,7 +19,7 @@ type Config struct {
 	MaxLimit         int           // default 5000
 	DefaultLimit     int           // default 500
 	MaxEventTags     int           // default 2000
-	MaxContentLength int           // bytes, default 65536
+	MaxContentLength int           // unicode characters (NIP-11), default 65536
 	MaxFutureSeconds int64         // created_at upper bound relative to now, default 900
 	SendQueueBytes   int           // per-connection send queue bound, default 4 MiB
 	MaxConns         int           // open WebSocket connections per process, default 10000 (over: HTTP 503)
@@ -42,18 +42,22 @@ type Config struct {
 
 // Fixed limits that need no knob; advertised in NIP-11 where a client can run into them.
 const (
-	maxSubIDLength   = 64   // NIP-01
-	maxFilterValues  = 1000 // per ids/authors/kinds/#x list of one filter: a "huge filter" beyond this is refused
-	maxAuthPubkeys   = 16   // pubkeys authenticated on one connection
-	maxLimitedStreak = 1000 // rate-limited refusals in a row before the connection is closed
-	authWindow       = 10 * time.Minute
-	acceptTimeout    = 15 * time.Second
-	writeWait        = 10 * time.Second // one frame must leave within this, or the peer is dead/stuck
-	pongWait         = 75 * time.Second // read deadline, renewed by any frame from the client
-	pingPeriod       = 30 * time.Second
-	slowCloseGrace   = 2 * time.Second // after a send-queue overflow, how long the NOTICE + close frame may take
-	seenPerSub       = 4096            // live de-dup ids remembered per subscription (FIFO)
-	duePerConn       = 1024            // (id, stamp) due signals remembered per connection
+	maxSubIDLength  = 64   // NIP-01
+	maxFilterValues = 1000 // per ids/authors/kinds/#x list of one filter: a "huge filter" beyond this is refused
+	maxAuthPubkeys  = 16   // pubkeys authenticated on one connection
+	// maxDeletionTargets bounds the e and a tags of one kind 5 (see deletionTargets): with the
+	// default 16 acceptance connections a process holds at most about 1,600 such locks, a fifth of
+	// a stock server's lock table (64 x 122 entries).
+	maxDeletionTargets = 100
+	maxLimitedStreak   = 1000 // rate-limited refusals in a row before the connection is closed
+	authWindow         = 10 * time.Minute
+	acceptTimeout      = 15 * time.Second
+	writeWait          = 10 * time.Second // one frame must leave within this, or the peer is dead/stuck
+	pongWait           = 75 * time.Second // read deadline, renewed by any frame from the client
+	pingPeriod         = 30 * time.Second
+	slowCloseGrace     = 2 * time.Second // after a send-queue overflow, how long the NOTICE + close frame may take
+	seenPerSub         = 4096            // live de-dup ids remembered per subscription (FIFO)
+	duePerConn         = 1024            // (id, stamp) due signals remembered per connection
 	// recentWindow: initial results that arrived this recently (or within twice the replication
 	// lag plus a minute, if longer) are remembered for de-dup: they may still come live.
 	recentWindow     = 5 * time.Minute

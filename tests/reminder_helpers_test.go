@@ -52,7 +52,7 @@ func remMustAccept(t testing.TB, pool *pgxpool.Pool, ev *nostr.Event) {
 	t.Helper()
 	ok, msg, err := remAccept(context.Background(), pool, ev)
 	if err != nil || !ok {
-		t.Fatalf("accept 30300 %s: ok=%v msg=%q err=%v", ev.ID, ok, msg, err)
+		t.Fatalf("accept kind %d %s: ok=%v msg=%q err=%v", ev.Kind, ev.ID, ok, msg, err)
 	}
 }
 

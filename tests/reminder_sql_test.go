@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
@@ -289,6 +290,48 @@ func TestReminderClaimOnlyWhenDue(t *testing.T) {
 	_ = pool.QueryRow(ctx, `SELECT buzz.claim_due_reminder($1, $2)`, due.ID, int64(due.CreatedAt)+1).Scan(&s)
 	if s != nil {
 		t.Fatal("claimed with a wrong created_at")
+	}
+}
+
+// NIP-ER: deleting a reminder cancels it, by id (e tag) or by address (a tag), armed or already
+// claimed; a stale claimer can then confirm nothing. Someone else's deletion cancels nothing.
+func TestReminderDeletionCancels(t *testing.T) {
+	pool := testenv.Pool(t, testenv.DB(t))
+	sk, pk := testenv.NewKey()
+	otherSK, _ := testenv.NewKey()
+	now := time.Now().Unix()
+	deletion := func(sk string, tag nostr.Tag) {
+		t.Helper()
+		ev := &nostr.Event{Kind: 5, CreatedAt: nostr.Timestamp(now), Tags: nostr.Tags{tag}, Content: fmt.Sprint(remNonce.Add(1))}
+		if err := ev.Sign(sk); err != nil {
+			t.Fatal(err)
+		}
+		remMustAccept(t, pool, ev)
+	}
+
+	armed := remEvent(t, sk, now-1, "by-id", remNB(now+3600))
+	remMustAccept(t, pool, armed)
+	deletion(otherSK, nostr.Tag{"e", armed.ID})
+	if r := remGet(t, pool, armed.ID); r.State != "armed" {
+		t.Fatalf("someone else's deletion: %+v, want armed", r)
+	}
+	deletion(sk, nostr.Tag{"e", armed.ID})
+	if r := remGet(t, pool, armed.ID); r.State != "cancelled" {
+		t.Fatalf("deleted by id: %+v, want cancelled", r)
+	}
+
+	claimed := remEvent(t, sk, now-1, "by-address", remNB(now-2))
+	remMustAccept(t, pool, claimed)
+	stamp := remClaim(t, pool, claimed)
+	if stamp == nil {
+		t.Fatal("a due reminder was not claimed")
+	}
+	deletion(sk, nostr.Tag{"a", fmt.Sprintf("30300:%s:by-address", pk)})
+	if r := remGet(t, pool, claimed.ID); r.State != "cancelled" {
+		t.Fatalf("deleted by address while claimed: %+v, want cancelled", r)
+	}
+	if remBoolCall(t, pool, "confirm_reminder_claim", claimed, *stamp) {
+		t.Fatal("the claimer confirmed a deleted reminder")
 	}
 }
 
