@@ -20,7 +20,7 @@ TEST_TIMEOUT ?= 14m
 # Go 1.27); seen here once in make test. 15,000 inputs take 3-6 s per target on this machine.
 FUZZTIME ?= 15000x
 
-.PHONY: all build run test fuzz bench bench-go bench-notify chaos psql db-start db-stop clean deps vet
+.PHONY: all build run test fuzz bench bench-go bench-notify chaos psql db-start db-stop clean vet
 
 all: build
 

@@ -273,11 +273,16 @@ func (s *Scheduler) claimBatch(ctx context.Context) ([]claim, error) {
 	}
 	s.mu.Unlock()
 	metrics.ReminderClaims.WithLabelValues("claimed").Add(float64(len(out)))
+	var recovered []string
 	for _, c := range out {
 		if c.recovered {
 			metrics.ReminderClaims.WithLabelValues("recovered").Inc()
-			s.log.Info("reminder claim recovered after an expired lease", "id", c.id, "stamp", c.stamp)
+			recovered = append(recovered, c.id)
 		}
+	}
+	if len(recovered) > 0 {
+		// One line per batch: recovering a dead process's burst is thousands of reminders.
+		s.log.Info("reminder claims recovered after an expired lease", "count", len(recovered), "first", firstFew(recovered))
 	}
 	return out, nil
 }
@@ -339,6 +344,13 @@ func (s *Scheduler) finish(claims []claim, confirmed map[string]bool) {
 		}
 	}
 	s.mu.Unlock()
+	var lost []string
+	defer func() {
+		if len(lost) > 0 {
+			s.log.Info("reminder claims lost before confirm (cancelled meanwhile, or recovered by another scheduler after our lease)",
+				"count", len(lost), "first", firstFew(lost))
+		}
+	}()
 	for _, c := range claims {
 		if confirmed[c.id] {
 			s.confirmed.Add(1)
@@ -351,7 +363,7 @@ func (s *Scheduler) finish(claims []claim, confirmed map[string]bool) {
 			// after our lease expired: their stamp fenced us out, nothing was emitted by us.
 			s.lost.Add(1)
 			metrics.ReminderClaims.WithLabelValues("lost").Inc()
-			s.log.Info("reminder claim lost before confirm", "id", c.id, "stamp", c.stamp)
+			lost = append(lost, c.id)
 		}
 	}
 }
@@ -487,4 +499,9 @@ func isServerError(err error) bool {
 		sev = pgErr.Severity
 	}
 	return sev == "ERROR"
+}
+
+// firstFew names a handful of ids for a log line about many.
+func firstFew(ids []string) []string {
+	return ids[:min(len(ids), 5)]
 }

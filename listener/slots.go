@@ -59,9 +59,11 @@ func (e *WalLevelError) Error() string {
 }
 
 // CheckWalLevel fails with a *WalLevelError unless the server runs with wal_level=logical.
-func CheckWalLevel(ctx context.Context, pool *pgxpool.Pool) error {
+func CheckWalLevel(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) error {
 	var level string
-	if err := pool.QueryRow(ctx, `SHOW wal_level`).Scan(&level); err != nil {
+	if err := q.QueryRow(ctx, `SHOW wal_level`).Scan(&level); err != nil {
 		return fmt.Errorf("checking wal_level: %w", err)
 	}
 	if level != "logical" {

@@ -241,7 +241,7 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) ([]st
 		js := storedEventJSON(&ev, tags)
 		total += len(js)
 		if total > maxInitialBytes {
-			c.log.Info("initial query truncated", "bytes", maxInitialBytes, "rows", len(out))
+			c.log.Debug("initial query truncated", "bytes", maxInitialBytes, "rows", len(out))
 			break
 		}
 		out = append(out, storedRow{id: ev.ID, json: js, recent: ageMs < window})

@@ -2,7 +2,10 @@ package tests
 
 import (
 	"context"
+	"errors"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -53,5 +56,31 @@ func TestShutdownAfterALongDrainReleasesClaims(t *testing.T) {
 	}
 	if !strings.Contains(r.Log(), "released its claims") {
 		t.Fatal("serve did not log giving its claims back")
+	}
+}
+
+// A second SIGTERM during a graceful shutdown stops the process at once: it dies by the signal
+// instead of finishing the drain (which a client that never answers the close handshake holds
+// for two seconds) and exiting 0.
+func TestSecondSignalStopsAtOnce(t *testing.T) {
+	r := testenv.StartRelay(t, testenv.RelayOpts{Env: map[string]string{"BUZZ_SHUTDOWN_GRACE": "1m"}})
+	ws, _, err := websocket.DefaultDialer.Dial(r.URL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	if err := syscall.Kill(r.Pid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitUntil(t, 30*time.Second, "the shutdown line", func() bool {
+		return strings.Contains(r.Log(), "a second signal stops at once")
+	})
+	if err := syscall.Kill(r.Pid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	<-r.Done()
+	var exit *exec.ExitError
+	if !errors.As(r.ExitErr(), &exit) || !exit.Sys().(syscall.WaitStatus).Signaled() {
+		t.Fatalf("serve finished its drain (%v) instead of dying by the second SIGTERM:\n%s", r.ExitErr(), r.Log())
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -150,6 +151,9 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	if c.MaxConns < 1 || c.IPMaxConns < 1 {
 		return c, fmt.Errorf("BUZZ_MAX_CONNS and BUZZ_IP_MAX_CONNS must be at least 1 (got %d, %d)", c.MaxConns, c.IPMaxConns)
 	}
+	if err := c.checkRanges(); err != nil {
+		return c, err
+	}
 	if c.DatabaseURL == "" {
 		return c, fmt.Errorf("DATABASE_URL is not set: point it at PostgreSQL (make run starts a private cluster and sets it)")
 	}
@@ -163,4 +167,56 @@ func parseServeConfig(args []string) (serveConfig, error) {
 		c.InstanceID = fmt.Sprintf("%s_%d_%d", host, os.Getpid(), time.Now().UnixNano()%1e6)
 	}
 	return c, nil
+}
+
+// minSlotStaleAfter: a process beats every StaleAfter/3 at most, so below a few seconds a busy
+// database or a reconnect makes a live process look dead, and a peer drops its slot (its
+// subscribers then miss events).
+const minSlotStaleAfter = 3 * time.Second
+
+// checkRanges refuses values that parse but cannot work. Each would otherwise be replaced by a
+// default somewhere below (a zero lease), or misbehave (a zero reminder horizon refuses every
+// reminder; a negative rate is advertised in NIP-11 as is).
+func (c *serveConfig) checkRanges() error {
+	var bad []string
+	atLeast := func(name string, d, min time.Duration) {
+		if d < min {
+			bad = append(bad, fmt.Sprintf("%s=%s must be at least %s", name, d, min))
+		}
+	}
+	atLeast("BUZZ_SWEEP_INTERVAL", c.SweepInterval, time.Millisecond)
+	atLeast("BUZZ_LEASE", c.Lease, time.Millisecond)
+	atLeast("BUZZ_BACKOFF_MAX", c.BackoffMax, time.Millisecond)
+	atLeast("BUZZ_REMINDER_LEASE", c.ReminderLease, time.Millisecond)
+	atLeast("BUZZ_REMINDER_HORIZON", c.ReminderHorizon, time.Second)
+	atLeast("BUZZ_QUERY_TIMEOUT", c.QueryTimeout, time.Millisecond)
+	atLeast("BUZZ_SLOT_STALE_AFTER", c.SlotStaleAfter, minSlotStaleAfter)
+	atLeast("BUZZ_SHUTDOWN_GRACE", c.ShutdownGrace, 0)
+	atLeast("BUZZ_DB_WAIT", c.DBWait, 0)
+	for name, v := range map[string]float64{"BUZZ_EVENT_RATE": c.EventRate, "BUZZ_REQ_RATE": c.ReqRate,
+		"BUZZ_IP_EVENT_RATE": c.IPEventRate, "BUZZ_IP_REQ_RATE": c.IPReqRate} {
+		if v < 0 {
+			bad = append(bad, fmt.Sprintf("%s=%g must be 0 (unlimited) or more", name, v))
+		}
+	}
+	for name, v := range map[string]int{"BUZZ_EVENT_BURST": c.EventBurst, "BUZZ_REQ_BURST": c.ReqBurst, "BUZZ_REMINDER_BATCH": c.ReminderBatch} {
+		if v < 1 {
+			bad = append(bad, fmt.Sprintf("%s=%d must be at least 1", name, v))
+		}
+	}
+	switch strings.ToLower(c.LogLevel) {
+	case "debug", "info", "warn", "error":
+	default:
+		bad = append(bad, fmt.Sprintf("BUZZ_LOG_LEVEL=%q must be debug, info, warn or error", c.LogLevel))
+	}
+	switch strings.ToLower(c.LogFormat) {
+	case "text", "json":
+	default:
+		bad = append(bad, fmt.Sprintf("BUZZ_LOG_FORMAT=%q must be text or json", c.LogFormat))
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	slices.Sort(bad) // map order must not decide what the operator reads first
+	return fmt.Errorf("invalid settings (each also has a serve flag): %s", strings.Join(bad, "; "))
 }

@@ -47,5 +47,11 @@ func loadRelayKey(key, file string) (sk, pk string, err error) {
 	if err != nil {
 		return "", "", fmt.Errorf("relay key: not a valid secp256k1 secret key: %w", err)
 	}
+	// Zero and the group order decode to a "public key" too but cannot sign: every snapshot and
+	// operator send would fail later, one by one. A probe signature finds out now.
+	probe := nostr.Event{Kind: 1}
+	if err := probe.Sign(key); err != nil {
+		return "", "", fmt.Errorf("relay key: cannot sign with it (%v); generate one with `buzzpg keygen`", err)
+	}
 	return key, pk, nil
 }

@@ -50,7 +50,9 @@ func main() {
 		return // -h: the flag set printed the usage
 	}
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "buzzpg %s: %v\n", os.Args[1], err)
+		if !errors.As(err, new(loggedError)) {
+			fmt.Fprintf(os.Stderr, "buzzpg %s: %v\n", os.Args[1], err)
+		}
 		os.Exit(1)
 	}
 }

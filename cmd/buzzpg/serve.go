@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -29,6 +30,20 @@ func runServe(args []string) error {
 	}
 	log := newLogger(cfg.LogFormat, cfg.LogLevel).With("instance", cfg.InstanceID)
 	slog.SetDefault(log)
+	if err := serve(cfg, log); err != nil {
+		// In the configured format, so a JSON log pipeline sees why the process ended.
+		log.Error("serve failed", "err", err)
+		return loggedError{err}
+	}
+	return nil
+}
+
+// loggedError is an error the command already logged; main only sets the exit code.
+type loggedError struct{ error }
+
+func (e loggedError) Unwrap() error { return e.error }
+
+func serve(cfg serveConfig, log *slog.Logger) error {
 	sk, pk, err := loadRelayKey(cfg.RelayKey, cfg.RelayKeyFile)
 	if err != nil {
 		return err
@@ -37,7 +52,17 @@ func runServe(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
+	// What can be refused without changing the database is checked first: a busy port or a
+	// server without logical decoding must not leave migrations or settings behind.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("cannot listen on %s: %w (set BUZZ_LISTEN to a free address)", cfg.Listen, err)
+	}
+	defer ln.Close()
 	if err := db.WaitReachable(ctx, cfg.DatabaseURL, cfg.DBWait, log); err != nil {
+		return err
+	}
+	if err := checkWalLevel(ctx, cfg.DatabaseURL); err != nil {
 		return err
 	}
 	if cfg.AutoMigrate {
@@ -57,9 +82,6 @@ func runServe(args []string) error {
 	if err := checkSchema(ctx, accept); err != nil {
 		return err
 	}
-	if err := listener.CheckWalLevel(ctx, accept); err != nil {
-		return err
-	}
 	query, err := db.NewPool(ctx, cfg.DatabaseURL, "buzzpg-query:"+cfg.InstanceID, int32(cfg.QueryConns))
 	if err != nil {
 		return err
@@ -70,7 +92,7 @@ func runServe(args []string) error {
 		return err
 	}
 	defer lpool.Close()
-	if err := publishSettings(ctx, accept, pk, cfg); err != nil {
+	if err := publishSettings(ctx, accept, pk, cfg, log); err != nil {
 		return err
 	}
 	if len(warm) > 0 {
@@ -82,10 +104,6 @@ func runServe(args []string) error {
 		log.Debug("accept connections warmed", "conns", n, "took", time.Since(began))
 	}
 
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("cannot listen on %s: %w (set BUZZ_LISTEN to a free address)", cfg.Listen, err)
-	}
 	addr := ln.Addr().String()
 	if cfg.RelayURL == "" {
 		cfg.RelayURL = defaultRelayURL(cfg.Listen, addr)
@@ -193,9 +211,15 @@ func runServe(args []string) error {
 	var runErr error
 	select {
 	case <-ctx.Done():
-		log.Info("shutting down", "reason", "signal")
 	case runErr = <-failed:
+	}
+	// From here a second SIGINT/SIGTERM takes the default action: the operator who sends it wants
+	// out now. Claims then sit out their leases and peers reap the slot, nothing worse.
+	stop()
+	if runErr != nil {
 		log.Error("component failed; shutting down", "err", runErr)
+	} else {
+		log.Info("shutting down; a second signal stops at once", "reason", "signal", "grace", cfg.ShutdownGrace)
 	}
 
 	// Graceful: stop accepting, close client connections, release claims and leases, drop the slot.
@@ -206,29 +230,40 @@ func runServe(args []string) error {
 		_ = srv.Shutdown(sctx)
 	}
 	cancelComps()
-	wg.Wait()
-	// Giving claims back and dropping the slot get their own few seconds: a long client drain
-	// (or a claim finishing its grace) must not leave them an expired context, which would leave
-	// rows to sit out their leases.
-	rctx, rcancel := context.WithTimeout(context.Background(), releaseGrace)
-	defer rcancel()
-	if err := publisher.Close(rctx); err != nil {
-		log.Warn("publisher close", "err", err)
+	stopped := make(chan struct{})
+	go func() { wg.Wait(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(componentStopGrace):
+		// E.g. the scheduler resolving a commit whose outcome is unknown; Close below still
+		// gives back what it can, and the rest waits out its lease.
+		log.Warn("components did not stop in time; releasing what they hold anyway", "waited", componentStopGrace)
 	}
-	if err := scheduler.Close(rctx); err != nil {
-		log.Warn("scheduler close", "err", err)
-	}
-	if fanout != nil {
-		if err := fanout.Close(rctx); err != nil {
-			log.Warn("fanout close", "err", err)
+	// Giving claims back and dropping the slot get their own few seconds each: a long client
+	// drain (or a claim finishing its grace) must not leave them an expired context, which would
+	// leave rows to sit out their leases, and a slow release must not cost the slot drop.
+	closeWithin := func(name string, close func(context.Context) error) {
+		rctx, rcancel := context.WithTimeout(context.Background(), releaseGrace)
+		defer rcancel()
+		if err := close(rctx); err != nil {
+			log.Warn(name+" close", "err", err)
 		}
+	}
+	closeWithin("publisher", publisher.Close)
+	closeWithin("scheduler", scheduler.Close)
+	if fanout != nil {
+		closeWithin("fanout", fanout.Close)
 	}
 	log.Info("stopped")
 	return runErr
 }
 
-// releaseGrace bounds the releases of a graceful shutdown, after the components have stopped.
-const releaseGrace = 5 * time.Second
+// releaseGrace bounds each release step of a graceful shutdown (publisher claims, reminder
+// claims, the slot drop); componentStopGrace bounds the wait for the components to return.
+const (
+	releaseGrace       = 5 * time.Second
+	componentStopGrace = 10 * time.Second
+)
 
 // defaultRelayURL is the NIP-42 relay URL when BUZZ_RELAY_URL is unset: ws:// + BUZZ_LISTEN as
 // written (clients type the host the operator typed, e.g. localhost, not what it resolves to),
@@ -285,16 +320,52 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-func publishSettings(ctx context.Context, pool *pgxpool.Pool, pk string, cfg serveConfig) error {
-	_, err := pool.Exec(ctx, `
-		INSERT INTO buzz.config(key, value) VALUES
-		  ('relay_pubkey', $1), ('max_future_seconds', $2), ('reminder_horizon_seconds', $3)
-		ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value`,
-		pk, fmt.Sprint(cfg.MaxFutureSeconds), fmt.Sprint(int64(cfg.ReminderHorizon/time.Second)))
+// publishSettings records the settings SQL enforces too (buzz.config is shared by every process).
+// The last process to start wins, so a replacement that differs from what another process wrote
+// is said loudly: with a different relay key, the snapshots of processes still on the old key are
+// refused from now on (a key rotation does this on purpose; a misconfigured replica by accident).
+func publishSettings(ctx context.Context, pool *pgxpool.Pool, pk string, cfg serveConfig, log *slog.Logger) error {
+	// settings_written_by names the last writer; before any process wrote, the values are the
+	// migration's defaults and replacing them is no news.
+	rows, err := pool.Query(ctx, `
+		WITH prev AS (SELECT value AS writer FROM buzz.config WHERE key = 'settings_written_by'),
+		     old AS (SELECT key, value FROM buzz.config
+		              WHERE key IN ('relay_pubkey', 'max_future_seconds', 'reminder_horizon_seconds')),
+		     up AS (INSERT INTO buzz.config(key, value) VALUES
+		              ('relay_pubkey', $1), ('max_future_seconds', $2), ('reminder_horizon_seconds', $3),
+		              ('settings_written_by', $4)
+		            ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value
+		            RETURNING key, value)
+		SELECT up.key, old.value, up.value, prev.writer
+		  FROM up JOIN old USING (key) CROSS JOIN prev
+		 WHERE old.value IS DISTINCT FROM up.value`,
+		pk, fmt.Sprint(cfg.MaxFutureSeconds), fmt.Sprint(int64(cfg.ReminderHorizon/time.Second)), cfg.InstanceID)
 	if err != nil {
 		return fmt.Errorf("cannot write buzz.config: %w", err)
 	}
+	defer rows.Close()
+	for rows.Next() {
+		var key, was, now, writer string
+		if err := rows.Scan(&key, &was, &now, &writer); err != nil {
+			return fmt.Errorf("cannot write buzz.config: %w", err)
+		}
+		log.Warn("this process replaces a shared setting another process wrote; every process should run with the same value",
+			"setting", key, "was", was, "now", now, "written_by", writer)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("cannot write buzz.config: %w", err)
+	}
 	return nil
+}
+
+// checkWalLevel refuses a server without logical decoding before anything is written to it.
+func checkWalLevel(ctx context.Context, url string) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	return listener.CheckWalLevel(ctx, conn)
 }
 
 func readiness(ctx context.Context, pool *pgxpool.Pool, fanout *listener.Fanout) string {

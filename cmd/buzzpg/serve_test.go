@@ -50,6 +50,15 @@ func TestServeEnvironmentIsParsedStrictly(t *testing.T) {
 		"BUZZ_QUERY_CONNS":        "0",
 		"BUZZ_MAX_CONNS":          "0",
 		"BUZZ_IP_MAX_CONNS":       "none",
+		"BUZZ_REMINDER_HORIZON":   "0s",
+		"BUZZ_SLOT_STALE_AFTER":   "1ms",
+		"BUZZ_SWEEP_INTERVAL":     "-1s",
+		"BUZZ_SHUTDOWN_GRACE":     "-1s",
+		"BUZZ_IP_EVENT_RATE":      "-5",
+		"BUZZ_REQ_BURST":          "0",
+		"BUZZ_REMINDER_BATCH":     "0",
+		"BUZZ_LOG_LEVEL":          "verbose",
+		"BUZZ_LOG_FORMAT":         "yaml",
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Setenv(name, val)
@@ -57,5 +66,21 @@ func TestServeEnvironmentIsParsedStrictly(t *testing.T) {
 				t.Fatalf("%s=%q: err %v, want one naming the variable", name, val, err)
 			}
 		})
+	}
+}
+
+func TestRelayKeyMustSign(t *testing.T) {
+	for name, key := range map[string]string{
+		"zero":        strings.Repeat("0", 64),
+		"group order": "fffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141",
+		"short":       "abcd",
+		"not hex":     strings.Repeat("zz", 32),
+	} {
+		if _, _, err := loadRelayKey(key, ""); err == nil || !strings.Contains(err.Error(), "relay key") {
+			t.Errorf("%s key: err %v, want a relay key error", name, err)
+		}
+	}
+	if _, pk, err := loadRelayKey(strings.Repeat("0", 63)+"1", ""); err != nil || len(pk) != 64 {
+		t.Fatalf("key 1: %v %q", err, pk)
 	}
 }

@@ -4,6 +4,7 @@ package ops
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -70,20 +71,30 @@ func runBinary(t *testing.T, env []string, args ...string) (string, int) {
 func TestStartupErrorsSayWhatToDo(t *testing.T) {
 	key, _ := testenv.NewKey()
 	good := testenv.DB(t)
-	cases := []struct {
+	type startupCase struct {
 		name string
 		env  []string
 		want string
-	}{
+	}
+	cases := []startupCase{
 		{"no database url", []string{"DATABASE_URL=", "BUZZ_RELAY_KEY=" + key}, "DATABASE_URL is not set"},
 		{"bad key", []string{"DATABASE_URL=" + good, "BUZZ_RELAY_KEY=xyz"}, "must be 64 hex"},
 		{"no key", []string{"DATABASE_URL=" + good, "BUZZ_RELAY_KEY=", "BUZZ_RELAY_KEY_FILE="}, "buzzpg keygen"},
 		{"missing key file", []string{"DATABASE_URL=" + good, "BUZZ_RELAY_KEY=", "BUZZ_RELAY_KEY_FILE=/nonexistent/relay.key"}, "cannot read BUZZ_RELAY_KEY_FILE"},
 		{"unreachable database", []string{"DATABASE_URL=postgres://postgres@127.0.0.1:1/x?sslmode=disable&connect_timeout=2", "BUZZ_RELAY_KEY=" + key, "BUZZ_AUTO_MIGRATE=false"}, "cannot reach PostgreSQL"},
 	}
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	cases = append(cases,
+		startupCase{"port in use", []string{"DATABASE_URL=" + good, "BUZZ_RELAY_KEY=" + key, "BUZZ_LISTEN=" + busy.Addr().String()}, "set BUZZ_LISTEN to a free address"},
+		startupCase{"zero duration", []string{"DATABASE_URL=" + good, "BUZZ_RELAY_KEY=" + key, "BUZZ_REMINDER_HORIZON=0s"}, "BUZZ_REMINDER_HORIZON=0s must be at least"},
+	)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			out, code := runBinary(t, append(c.env, "BUZZ_LISTEN=127.0.0.1:0"), "serve")
+			out, code := runBinary(t, append([]string{"BUZZ_LISTEN=127.0.0.1:0"}, c.env...), "serve")
 			if code == 0 || !strings.Contains(out, c.want) {
 				t.Fatalf("exit %d, output does not say %q:\n%s", code, c.want, out)
 			}
@@ -236,5 +247,23 @@ func TestAcceptConnectionsWarmedBeforeServing(t *testing.T) {
 	}
 	if stored != 0 || live != 0 {
 		t.Fatalf("the warm-up stored events: %d rows, %d live tuples", stored, live)
+	}
+}
+
+// buzz.config is shared: a process that starts with another relay key (a rotation, or a
+// misconfigured replica) replaces it for everyone, and says so.
+func TestSharedSettingReplacementIsLogged(t *testing.T) {
+	dbURL := testenv.FreshDB(t) // the package database has seen other processes' settings
+	first := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: dbURL})
+	if strings.Contains(first.Log(), "replaces a shared setting") {
+		t.Fatalf("the first process warned:\n%s", first.Log())
+	}
+	second := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: dbURL, RelayKey: first.Opts.RelayKey})
+	if strings.Contains(second.Log(), "replaces a shared setting") {
+		t.Fatalf("a process with the same settings warned:\n%s", second.Log())
+	}
+	other := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: dbURL})
+	if !regexp.MustCompile(`replaces a shared setting[^\n]*relay_pubkey`).MatchString(other.Log()) {
+		t.Fatalf("a process with another relay key did not say it replaced relay_pubkey:\n%s", other.Log())
 	}
 }

@@ -33,4 +33,14 @@ func TestStartupRefusesWalLevelNotLogical(t *testing.T) {
 		t.Fatalf("exit %d, no clear wal_level error:\n%s", code, out)
 	}
 	t.Logf("serve said: %s", strings.TrimSpace(out[strings.LastIndex(strings.TrimSpace(out), "\n")+1:]))
+	// Refused before anything was written: no migrations, no settings.
+	conn, err = pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var schema *string
+	if err := conn.QueryRow(context.Background(), `SELECT to_regnamespace('buzz')::text`).Scan(&schema); err != nil || schema != nil {
+		t.Fatalf("serve migrated a server it then refused (schema %v, err %v)", schema, err)
+	}
 }
