@@ -15,9 +15,10 @@ DATA_LINK="${BUZZ_PGDATA:-$ROOT/.data/pg}"
 
 find_bindir() {
   if [ -n "${PG_BINDIR:-}" ] && [ -x "$PG_BINDIR/postgres" ]; then echo "$PG_BINDIR"; return; fi
-  for v in 17 16 15 14; do
-    if [ -x "/usr/lib/postgresql/$v/bin/postgres" ]; then echo "/usr/lib/postgresql/$v/bin"; return; fi
-  done
+  # The newest installed major version (Debian installs each under /usr/lib/postgresql/<major>).
+  local v
+  v=$(ls -d /usr/lib/postgresql/*/bin/postgres 2>/dev/null | sed 's|/usr/lib/postgresql/\([0-9]*\)/.*|\1|' | sort -n | tail -1)
+  if [ -n "$v" ]; then echo "/usr/lib/postgresql/$v/bin"; return; fi
   if command -v pg_ctl >/dev/null 2>&1; then dirname "$(command -v pg_ctl)"; return; fi
   return 1
 }
