@@ -5,13 +5,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/buzzpg/buzzpg/internal/db"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
 // An operator resets a viewer by deleting their visibility_state row while a publication is
 // pending. The outbox row goes with it (before 0010 it stayed, came back 'stale' from every
 // publication and was claimed again after each lease, forever); the viewer's next change starts
-// over at generation 1 and converges.
+// above every generation the deleted row had (0011: before, it started over at 1) and converges.
 func TestOperatorResetOfVisibilityState(t *testing.T) {
 	e := newPubEnv(t)
 	ctx := context.Background()
@@ -36,8 +37,9 @@ func TestOperatorResetOfVisibilityState(t *testing.T) {
 
 	e.start(e.publisher("A", nil))
 	e.unhide(viewer, x)
-	if g := e.gens(viewer); g.target != 1 {
-		t.Fatalf("after the reset the next change is generation %d, want 1", g.target)
+	if g := e.gens(viewer); g.published != 1 || g.target != 2 {
+		t.Fatalf("after the reset the next change: published %d, target %d; want 1, 2 (above the deleted row's 1)",
+			g.published, g.target)
 	}
 	e.waitConverged([]string{viewer}, 10*time.Second)
 	if _, hs := e.head(viewer); len(hs) != 0 {
@@ -45,19 +47,38 @@ func TestOperatorResetOfVisibilityState(t *testing.T) {
 	}
 }
 
-// A publisher read the viewer's source (generation 3, X hidden) before the operator's reset; the
-// restarted state reaches generation 1 with nothing hidden. The old generation is above anything
-// the state has now: the fence sends the publisher back to re-read (before 0010 it published
-// generation 3 with X hidden, and generations 1 to 3 of the new state counted as done).
+// A publisher read the viewer's source (generation 3, X hidden) before the operator's reset, and
+// resumes after the restarted state changed (X no longer hidden). Before 0010 it published X hidden
+// as generation 3 over a restarted state at generation 1, and generations 1 to 3 of the new state
+// counted as done. 0010's CHECK (published <= target) caught that case but not the one where the
+// restarted state climbs back to generation 3 before the publisher resumes: generation numbers
+// repeated after a reset, so 0 < 3 passed the fence and 3 <= 3 the CHECK, X hidden was published
+// as generation 3 and the outbox cleared, and the viewer stayed wrong until their next change. From
+// 0011 the restarted state starts above every generation the viewer ever had: the old read is
+// 'stale', and the viewer converges on the new state.
 func TestOperatorResetFencesAnOlderRead(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		changes int // changes of the restarted state before the publisher resumes (odd: X visible)
+	}{
+		{"one change", 1},
+		{"back to the read's generation", 3},
+		{"past the read's generation", 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) { olderReadAcrossReset(t, tc.changes) })
+	}
+}
+
+func olderReadAcrossReset(t *testing.T, changes int) {
 	e := newPubEnv(t)
 	_, viewer := testenv.NewKey()
 	x, _ := e.dm(viewer)
 	e.hide(viewer, x)
 	e.unhide(viewer, x)
 	e.hide(viewer, x)
-	if g := e.gens(viewer); g.target != 3 {
-		t.Fatalf("setup: generation %d, want 3", g.target)
+	before := e.gens(viewer)
+	if before.target != 3 {
+		t.Fatalf("setup: generation %d, want 3", before.target)
 	}
 
 	a := e.publisher("A", nil)
@@ -71,16 +92,98 @@ func TestOperatorResetFencesAnOlderRead(t *testing.T) {
 	gate.wait(t) // A holds generation 3 with X hidden
 
 	e.exec(`DELETE FROM buzz.visibility_state WHERE viewer = $1`, viewer)
-	e.unhide(viewer, x) // the restarted state: generation 1, nothing hidden
+	for i := 0; i < changes; i++ { // unhide, hide, unhide, ...
+		if i%2 == 0 {
+			e.unhide(viewer, x)
+		} else {
+			e.hide(viewer, x)
+		}
+	}
+	hidden := e.hiddenSet(viewer)
+	if want := 1 - changes%2; len(hidden) != want {
+		t.Fatalf("setup: %d hidden after %d changes, want %d", len(hidden), changes, want)
+	}
 	gate.open()
 	r := <-done
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	g := e.gens(viewer)
-	_, hs := e.head(viewer)
-	if g.published != g.target || len(hs) != 0 {
-		t.Fatalf("after the reset: published %d, target %d, head hides %v; want the restarted generation with nothing hidden (A answered %q)",
-			g.published, g.target, hs, r.out)
+	if _, hs := e.head(viewer); len(hs) != 0 {
+		g := e.gens(viewer)
+		t.Fatalf("A published its read from before the reset: head hides %v at published %d, target %d (A answered %q)",
+			hs, g.published, g.target, r.out)
+	}
+
+	// Whatever A answered ('stale' from 0011 on), the viewer converges on the restarted state.
+	e.start(e.publisher("B", nil))
+	e.waitConverged([]string{viewer}, 10*time.Second)
+	e.assertAuditMonotonic() // no generation of this viewer was published twice
+	if g := e.gens(viewer); g.published <= before.target {
+		t.Fatalf("after the reset: published generation %d, want above the read's %d", g.published, before.target)
+	}
+}
+
+// A change of the viewer races the reset itself: it read buzz.visibility_retired while the delete
+// was not committed yet, then waited for the deleted row and inserted a new one that was not lifted
+// (it would restart at generation 1 and repeat 1 to 3). 0011's insert check refuses it with
+// SQLSTATE 40001, which Go retries; the retry starts above the retired generation.
+func TestOperatorResetRacingAChange(t *testing.T) {
+	e := newPubEnv(t)
+	ctx := context.Background()
+	_, viewer := testenv.NewKey()
+	x, _ := e.dm(viewer)
+	e.hide(viewer, x)
+	e.unhide(viewer, x)
+	e.hide(viewer, x)
+
+	reset, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reset.Rollback(ctx)
+	if _, err := reset.Exec(ctx, `DELETE FROM buzz.visibility_state WHERE viewer = $1`, viewer); err != nil {
+		t.Fatal(err)
+	}
+	change, err := e.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer change.Release()
+	var pid int32
+	if err := change.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := change.Exec(ctx, `SELECT buzz.unhide_dm($1, $2::uuid)`, viewer, x); done <- err }()
+	testenv.WaitUntil(t, 10*time.Second, "the change waits for the reset", func() bool {
+		var waiting bool
+		_ = e.pool.QueryRow(ctx, `SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting)
+		return waiting
+	})
+	if err := reset.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !db.Retryable(err) {
+		g := e.gens(viewer)
+		t.Fatalf("the change racing the reset: err %v, published %d, target %d; want a retryable refusal", err, g.published, g.target)
+	}
+	e.unhide(viewer, x) // the retry
+	if g := e.gens(viewer); g.published != 3 || g.target != 4 {
+		t.Fatalf("after the retry: published %d, target %d; want 3, 4 (above the reset's 3)", g.published, g.target)
+	}
+}
+
+// TRUNCATE fires no row triggers: 0011 records every viewer's generation before one, so a
+// truncated state restarts above it like a deleted row.
+func TestOperatorTruncateOfVisibilityState(t *testing.T) {
+	e := newPubEnv(t)
+	_, viewer := testenv.NewKey()
+	x, _ := e.dm(viewer)
+	e.hide(viewer, x)
+	e.unhide(viewer, x)
+	e.exec(`TRUNCATE buzz.visibility_state CASCADE`)
+	e.hide(viewer, x)
+	if g := e.gens(viewer); g.published != 2 || g.target != 3 {
+		t.Fatalf("after TRUNCATE the next change: published %d, target %d; want 2, 3", g.published, g.target)
 	}
 }
