@@ -132,9 +132,11 @@ func TestReminderCrashAfterClaimRecoveredOnce(t *testing.T) {
 	}
 	relays[x].Kill()
 
-	// The due signal reaches the author on the survivor; a duplicate would arrive within a second.
+	// The due signal reaches the author on the survivor. Barrier: a second reminder due now, whose
+	// due signal is emitted after the first was delivered; once it is in, a duplicate of the first
+	// emitted or resent before it would have arrived too.
 	subs[y].WaitEvents(30*time.Second, ev.ID)
-	time.Sleep(time.Second)
+	remDueBarrier(t, pool, sk, subs[y])
 	if n := subs[y].Counts()[ev.ID]; n != 1 {
 		t.Fatalf("the author's subscription on the survivor received the due signal %d times, want 1", n)
 	}
@@ -219,8 +221,11 @@ func TestReminderBurstTwoProcesses(t *testing.T) {
 		ids[i] = ev.ID
 	}
 	due.WaitEvents(time.Duration(60+n/100)*time.Second, ids...)
-	time.Sleep(time.Second)
+	// Barrier instead of a grace period: a duplicate of any burst signal emitted (or resent by the
+	// stream) before the barrier's signal arrives before it on this subscription.
+	barrier := remDueBarrier(t, pool, sk, due)
 	counts := due.Counts()
+	delete(counts, barrier)
 	late := make([]time.Duration, 0, n)
 	for _, ev := range evs {
 		if counts[ev.ID] != 1 {
@@ -240,10 +245,10 @@ func TestReminderBurstTwoProcesses(t *testing.T) {
 	t.Logf("%d due in one second, 2 processes, author on one: delivery - not_before p50 %s p99 %s max %s", n, p[0], p[1], p[2])
 	var e50, e99, emax float64
 	_ = pool.QueryRow(context.Background(), `SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY x), percentile_cont(0.99) WITHIN GROUP (ORDER BY x), max(x)
-		FROM (SELECT extract(epoch FROM confirmed_at - to_timestamp(not_before)) AS x FROM buzz.reminders WHERE state = 'confirmed') s`).Scan(&e50, &e99, &emax)
+		FROM (SELECT extract(epoch FROM confirmed_at - to_timestamp(not_before)) AS x FROM buzz.reminders WHERE state = 'confirmed' AND id <> $1) s`, barrier).Scan(&e50, &e99, &emax)
 	t.Logf("emitted (confirmed_at) - not_before: p50 %.3fs p99 %.3fs max %.3fs", e50, e99, emax)
 	var byProc int
-	_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM buzz.reminders WHERE state = 'confirmed' AND claims = 1`).Scan(&byProc)
+	_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM buzz.reminders WHERE state = 'confirmed' AND claims = 1 AND id <> $1`, barrier).Scan(&byProc)
 	if byProc != n {
 		t.Errorf("%d of %d confirmed on the first claim", byProc, n)
 	}
@@ -269,7 +274,9 @@ func TestReminderNewerVersionAcrossProcesses(t *testing.T) {
 	due.WaitEvents(30*time.Second, v2.ID)
 	v3 := remEvent(t, sk, now, "addr", remNB(now+3600)) // after the due signal was sent
 	remMustAccept(t, pool, v3)
-	time.Sleep(time.Second)
+	// Barrier: a reminder due now, stored after v3; a due signal of v1 or v3 (or a second one of v2)
+	// emitted before the barrier's arrives before it.
+	remDueBarrier(t, pool, sk, due)
 	got := due.Counts()
 	if got[v1.ID] != 0 || got[v2.ID] != 1 || got[v3.ID] != 0 {
 		t.Fatalf("due deliveries v1=%d v2=%d v3=%d, want 0, 1, 0", got[v1.ID], got[v2.ID], got[v3.ID])
@@ -299,6 +306,24 @@ func remDueSubWith(t testing.TB, url, sk, pk string, opts ...testenv.ClientOptio
 	c.Auth(sk)
 	since := nostr.Timestamp(time.Now().Unix() + 10*365*24*3600)
 	return c.Subscribe(nostr.Filter{Kinds: []int{30300}, Authors: []string{pk}, Since: &since})
+}
+
+// remDueBarrier stores a reminder by sk that is already due (its own d tag, so it re-arms
+// nothing) and waits until its due signal arrived on due: the processes emit due signals in the
+// order they confirm them and each process hands one subscription its events in commit order, so
+// once the barrier's signal is in, every signal emitted or resent before it has arrived as well
+// (the fan-out tests' barrier event, for a subscription that only sees due signals). The barrier
+// is excluded from the callers' counts by id.
+func remDueBarrier(t testing.TB, pool *pgxpool.Pool, sk string, due *testenv.Sub) (id string) {
+	t.Helper()
+	now := time.Now().Unix()
+	b := remEvent(t, sk, now, fmt.Sprint("barrier", remNonce.Add(1)), remNB(now-1))
+	remMustAccept(t, pool, b)
+	due.WaitEvents(60*time.Second, b.ID)
+	if n := due.Counts()[b.ID]; n != 1 {
+		t.Fatalf("barrier due signal arrived %d times, want 1", n)
+	}
+	return b.ID
 }
 
 func remPercentilesT(ds []time.Duration) [3]time.Duration {
