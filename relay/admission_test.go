@@ -2,6 +2,7 @@ package relay
 
 import (
 	"net/http"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -58,4 +59,69 @@ func TestConnectionCaps(t *testing.T) {
 		sk, _ := testenv.NewKey()
 		c.mustPublish(signed(sk, 1, "in", nostr.Now())) // a working connection, not just an upgrade
 	})
+}
+
+// Behind a trusted load balancer the per-IP cap counts the X-Forwarded-For client, not the
+// balancer; a peer that is not trusted cannot pick its own address with the header.
+func TestConnectionCapsBehindAProxy(t *testing.T) {
+	dialAs := func(tr *testRelay, xff string) (*websocket.Conn, int) {
+		t.Helper()
+		ws, resp, err := websocket.DefaultDialer.Dial(tr.url, http.Header{"X-Forwarded-For": {xff}})
+		if err == nil {
+			t.Cleanup(func() { ws.Close() })
+			return ws, 0
+		}
+		if resp == nil {
+			t.Fatalf("dial: %v", err)
+		}
+		return nil, resp.StatusCode
+	}
+	t.Run("trusted", func(t *testing.T) {
+		tr := startRelay(t, func(c *Config) {
+			c.MaxConnsPerIP = 1
+			c.TrustedProxies = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+		})
+		if _, code := dialAs(tr, "198.51.100.1"); code != 0 {
+			t.Fatalf("first client behind the proxy: %d", code)
+		}
+		if _, code := dialAs(tr, "198.51.100.2"); code != 0 {
+			t.Fatalf("another client behind the same proxy: %d, want admitted", code)
+		}
+		// A client-written entry left of the one the proxy appended is not believed.
+		if _, code := dialAs(tr, "203.0.113.9, 198.51.100.1"); code != http.StatusTooManyRequests {
+			t.Fatalf("a second connection of 198.51.100.1 with a forged entry in front: %d, want 429", code)
+		}
+	})
+	t.Run("untrusted peer", func(t *testing.T) {
+		tr := startRelay(t, func(c *Config) { c.MaxConnsPerIP = 1 })
+		if _, code := dialAs(tr, "198.51.100.1"); code != 0 {
+			t.Fatalf("first connection: %d", code)
+		}
+		if _, code := dialAs(tr, "198.51.100.2"); code != http.StatusTooManyRequests {
+			t.Fatalf("a second connection from the same peer with another X-Forwarded-For: %d, want 429", code)
+		}
+	})
+}
+
+func TestClientIP(t *testing.T) {
+	s := &Server{cfg: Config{TrustedProxies: []netip.Prefix{
+		netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8::/32")}}}
+	for _, c := range []struct{ remote, xff, want string }{
+		{"192.0.2.7:5000", "198.51.100.1", "192.0.2.7"},                 // untrusted peer: header ignored
+		{"10.1.2.3:5000", "", "10.1.2.3"},                               // trusted peer, no header
+		{"10.1.2.3:5000", "198.51.100.1", "198.51.100.1"},               // one proxy
+		{"10.1.2.3:5000", "198.51.100.9, 198.51.100.1", "198.51.100.1"}, // forged left entry
+		{"10.1.2.3:5000", "198.51.100.1, 10.9.9.9", "198.51.100.1"},     // two proxies
+		{"10.1.2.3:5000", "10.9.9.9, 10.8.8.8", "10.9.9.9"},             // only proxies
+		{"10.1.2.3:5000", "junk, 10.8.8.8", "10.8.8.8"},                 // garbage: the last sane hop
+		{"[2001:db8::1]:5000", "::ffff:198.51.100.1", "198.51.100.1"},   // v6 proxy, mapped client
+	} {
+		r := &http.Request{RemoteAddr: c.remote, Header: http.Header{}}
+		if c.xff != "" {
+			r.Header.Set("X-Forwarded-For", c.xff)
+		}
+		if got := s.clientIP(r); got != c.want {
+			t.Errorf("clientIP(%s, XFF %q) = %s, want %s", c.remote, c.xff, got, c.want)
+		}
+	}
 }

@@ -59,7 +59,7 @@ type conn struct {
 	writerDone  chan struct{}
 }
 
-func newConn(s *Server, ws *websocket.Conn, r *http.Request, relayURL string) *conn {
+func newConn(s *Server, ws *websocket.Conn, r *http.Request, relayURL, ip string) *conn {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	ctx, cancel := context.WithCancel(context.Background())
@@ -77,7 +77,7 @@ func newConn(s *Server, ws *websocket.Conn, r *http.Request, relayURL string) *c
 		querySem:   make(chan struct{}, s.cfg.MaxQueriesInFlight),
 		writerDone: make(chan struct{}),
 		pong:       make(chan string, 1),
-		ip:         clientIP(r),
+		ip:         ip,
 	}
 	if s.cfg.EventRate > 0 {
 		c.eventBucket = newTokenBucket(s.cfg.EventRate, s.cfg.EventBurst)
@@ -85,7 +85,7 @@ func newConn(s *Server, ws *websocket.Conn, r *http.Request, relayURL string) *c
 	if s.cfg.ReqRate > 0 {
 		c.reqBucket = newTokenBucket(s.cfg.ReqRate, s.cfg.ReqBurst)
 	}
-	c.log = s.log.With("conn", c.id, "remote", r.RemoteAddr)
+	c.log = s.log.With("conn", c.id, "remote", r.RemoteAddr, "client_ip", ip)
 	empty := []string{}
 	c.authed.Store(&empty)
 	return c

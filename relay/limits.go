@@ -3,6 +3,7 @@ package relay
 import (
 	"errors"
 	"log/slog"
+	"net/netip"
 	"time"
 )
 
@@ -13,18 +14,21 @@ type Config struct {
 	RelaySecretKey   string // hex; its pubkey goes into NIP-11
 	Name             string
 	Description      string
-	MaxMessageLength int           // websocket read limit in bytes; default 131072
-	MaxSubscriptions int           // per connection, default 32
-	MaxFilters       int           // per REQ/COUNT, default 16
-	MaxLimit         int           // default 5000
-	DefaultLimit     int           // default 500
-	MaxEventTags     int           // default 2000
-	MaxContentLength int           // unicode characters (NIP-11), default 65536
-	MaxFutureSeconds int64         // created_at upper bound relative to now, default 900
-	SendQueueBytes   int           // per-connection send queue bound, default 4 MiB
-	MaxConns         int           // open WebSocket connections per process, default 10000 (over: HTTP 503)
-	MaxConnsPerIP    int           // of them from one client IP, default 1000 (over: HTTP 429)
-	QueryTimeout     time.Duration // per REQ/COUNT query, default 5s
+	MaxMessageLength int   // websocket read limit in bytes; default 131072
+	MaxSubscriptions int   // per connection, default 32
+	MaxFilters       int   // per REQ/COUNT, default 16
+	MaxLimit         int   // default 5000
+	DefaultLimit     int   // default 500
+	MaxEventTags     int   // default 2000
+	MaxContentLength int   // unicode characters (NIP-11), default 65536
+	MaxFutureSeconds int64 // created_at upper bound relative to now, default 900
+	SendQueueBytes   int   // per-connection send queue bound, default 4 MiB
+	MaxConns         int   // open WebSocket connections per process, default 10000 (over: HTTP 503)
+	MaxConnsPerIP    int   // of them from one client IP, default 1000 (over: HTTP 429)
+	// TrustedProxies are load balancers whose X-Forwarded-For is believed for the client IP that
+	// per-IP caps and rates count (see clientIP); empty: the TCP peer is the client.
+	TrustedProxies []netip.Prefix
+	QueryTimeout   time.Duration // per REQ/COUNT query, default 5s
 	// MaxQueriesInFlight bounds concurrent REQ/COUNT queries per connection (default 4); a client
 	// that sends more waits (its reads stop) instead of taking more of the query pool.
 	MaxQueriesInFlight int

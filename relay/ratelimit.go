@@ -2,6 +2,8 @@ package relay
 
 import (
 	"net"
+	"net/netip"
+	"strings"
 
 	"net/http"
 	"sync"
@@ -86,14 +88,42 @@ func (l *ipLimiter) allow(ip string, now time.Time) bool {
 	return b.allow(now)
 }
 
-// clientIP is the peer address of the TCP connection. Forwarded-for headers are not trusted: a
-// client could set them to escape its IP budget.
-func clientIP(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
+// clientIP is the address the per-IP caps and rate limits count. It is the TCP peer, unless the
+// peer is one of cfg.TrustedProxies (a load balancer): then it is the rightmost X-Forwarded-For
+// entry that is not a trusted proxy, the address the outermost trusted proxy saw. Entries to the
+// left of it are whatever the client wrote and are never believed; without trusted proxies the
+// header is ignored, so a client cannot use it to escape its budget.
+func (s *Server) clientIP(r *http.Request) string {
+	peer, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
-		return r.RemoteAddr
+		peer = r.RemoteAddr
 	}
-	return host
+	addr, err := netip.ParseAddr(peer)
+	if err != nil || !s.trustedProxy(addr) {
+		return peer
+	}
+	hops := strings.Split(strings.Join(r.Header.Values("X-Forwarded-For"), ","), ",")
+	for i := len(hops) - 1; i >= 0; i-- {
+		hop, err := netip.ParseAddr(strings.TrimSpace(hops[i]))
+		if err != nil {
+			break // garbage from here leftwards: count the last proxy that wrote something sane
+		}
+		addr = hop.Unmap()
+		if !s.trustedProxy(addr) {
+			return addr.String()
+		}
+	}
+	return addr.String()
+}
+
+func (s *Server) trustedProxy(a netip.Addr) bool {
+	a = a.Unmap()
+	for _, p := range s.cfg.TrustedProxies {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *conn) allowEvent() bool {

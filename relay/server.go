@@ -117,7 +117,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "relay shutting down", http.StatusServiceUnavailable)
 			return
 		}
-		ip := clientIP(r)
+		ip := s.clientIP(r)
 		if !s.admit(w, ip) {
 			return
 		}
@@ -143,7 +143,7 @@ func (s *Server) serveConn(ws *websocket.Conn, r *http.Request, ip string) {
 	if relayURL == "" {
 		relayURL = "ws://" + r.Host
 	}
-	c := newConn(s, ws, r, relayURL)
+	c := newConn(s, ws, r, relayURL, ip)
 	s.mu.Lock()
 	if s.closing.Load() {
 		s.mu.Unlock()

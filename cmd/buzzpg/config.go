@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"slices"
 	"strconv"
@@ -46,6 +47,7 @@ type serveConfig struct {
 	DBWait           time.Duration
 	ReminderBatch    int
 	DebugListen      string
+	TrustedProxies   []netip.Prefix
 }
 
 func envStr(name, def string) string {
@@ -139,8 +141,13 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	fs.IntVar(&c.ReminderBatch, "reminder-batch", envInt("BUZZ_REMINDER_BATCH", 1000), "reminders claimed and confirmed per transaction (BUZZ_REMINDER_BATCH)")
 	fs.StringVar(&c.DebugListen, "debug-listen", envStr("BUZZ_DEBUG_LISTEN", ""), "address for Go's /debug/pprof profiles, off when empty; keep it private (BUZZ_DEBUG_LISTEN)")
 	fs.DurationVar(&c.DBWait, "db-wait", envDur("BUZZ_DB_WAIT", 30*time.Second), "how long to wait for PostgreSQL at start, e.g. while it restarts (BUZZ_DB_WAIT)")
+	proxies := fs.String("trusted-proxies", envStr("BUZZ_TRUSTED_PROXIES", ""), "load balancers (IPs or CIDRs, comma-separated) whose X-Forwarded-For names the client IP for per-IP caps and rates (BUZZ_TRUSTED_PROXIES)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
+	}
+	var err error
+	if c.TrustedProxies, err = parseProxies(*proxies); err != nil {
+		badEnv = append(badEnv, err.Error())
 	}
 	if len(badEnv) > 0 {
 		return c, fmt.Errorf("invalid environment: %s", strings.Join(badEnv, "; "))
@@ -219,4 +226,26 @@ func (c *serveConfig) checkRanges() error {
 	}
 	slices.Sort(bad) // map order must not decide what the operator reads first
 	return fmt.Errorf("invalid settings (each also has a serve flag): %s", strings.Join(bad, "; "))
+}
+
+// parseProxies reads "10.0.0.0/8, 192.0.2.7": CIDRs, or single addresses.
+func parseProxies(list string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, f := range strings.Split(list, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if p, err := netip.ParsePrefix(f); err == nil {
+			out = append(out, p.Masked())
+			continue
+		}
+		a, err := netip.ParseAddr(f)
+		if err != nil {
+			return nil, fmt.Errorf("BUZZ_TRUSTED_PROXIES: %q is neither an IP address nor a CIDR", f)
+		}
+		a = a.Unmap()
+		out = append(out, netip.PrefixFrom(a, a.BitLen()))
+	}
+	return out, nil
 }

@@ -133,6 +133,7 @@ func serve(cfg serveConfig, log *slog.Logger) error {
 			IPReqRate:        cfg.IPReqRate,
 			MaxConns:         cfg.MaxConns,
 			MaxConnsPerIP:    cfg.IPMaxConns,
+			TrustedProxies:   cfg.TrustedProxies,
 			Logger:           log,
 		}, accept, query)
 		if err != nil {

@@ -59,6 +59,7 @@ func TestServeEnvironmentIsParsedStrictly(t *testing.T) {
 		"BUZZ_REMINDER_BATCH":     "0",
 		"BUZZ_LOG_LEVEL":          "verbose",
 		"BUZZ_LOG_FORMAT":         "yaml",
+		"BUZZ_TRUSTED_PROXIES":    "10.0.0.0/8, lb.internal",
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Setenv(name, val)
@@ -82,5 +83,21 @@ func TestRelayKeyMustSign(t *testing.T) {
 	}
 	if _, pk, err := loadRelayKey(strings.Repeat("0", 63)+"1", ""); err != nil || len(pk) != 64 {
 		t.Fatalf("key 1: %v %q", err, pk)
+	}
+}
+
+func TestTrustedProxiesParsed(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://localhost/x")
+	t.Setenv("BUZZ_TRUSTED_PROXIES", "10.0.0.0/8, 192.0.2.7 ,2001:db8::/32,10.1.2.3/8")
+	c, err := parseServeConfig(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, p := range c.TrustedProxies {
+		got = append(got, p.String())
+	}
+	if want := "10.0.0.0/8 192.0.2.7/32 2001:db8::/32 10.0.0.0/8"; strings.Join(got, " ") != want {
+		t.Fatalf("trusted proxies %v, want %s", got, want)
 	}
 }
