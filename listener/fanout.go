@@ -193,7 +193,15 @@ func (f *Fanout) Run(ctx context.Context) error {
 		if attached {
 			bo.reset()
 		}
-		f.log.Warn("fan-out replication stream lost; reconnecting", "err", err, "resume_lsn", f.lastEnd.String())
+		if errors.As(err, &pgErr) && pgErr.Code == "55006" { // object_in_use: the slot is streaming to someone else
+			// Either another process runs with this BUZZ_INSTANCE_ID (two processes cannot share a
+			// slot; this one stays unready until the other stops), or this instance's previous
+			// process is still attached and its walsender ends within wal_sender_timeout.
+			f.log.Error("fan-out replication slot is in use by another connection: is another process running with this BUZZ_INSTANCE_ID? retrying",
+				"err", err, "instance", f.cfg.InstanceID)
+		} else {
+			f.log.Warn("fan-out replication stream lost; reconnecting", "err", err, "resume_lsn", f.lastEnd.String())
+		}
 		metrics.FanoutReconnects.Inc()
 		if !bo.wait(ctx) {
 			return nil

@@ -240,6 +240,10 @@ func (f *Fanout) ensureSlot(ctx context.Context) error {
 	if err := createSlot(ctx, f.pool, f.slot, f.cfg.SlotCreateTimeout, f.log); err != nil {
 		return err
 	}
+	// Our position belonged to the old slot. After a failover to a standby or a restore, WAL
+	// positions start below it again, and keeping it would skip (and ask the server to skip)
+	// every transaction up to it. The id window still drops anything handed over twice.
+	f.lastEnd = 0
 	f.hadSlot = true
 	f.slotsMade.Add(1)
 	f.slotOnce.Do(func() { close(f.slotMade) })

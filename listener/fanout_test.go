@@ -536,3 +536,19 @@ func TestReapClock(t *testing.T) {
 		t.Fatal("a beat back within the gap does not reap")
 	}
 }
+
+// A slot created anew starts from its own position, not from the one this process remembers of
+// the old slot: after a failover or a restore, WAL positions begin below that one again, and
+// every commit up to it would be skipped. Simulated with a remembered position far ahead of the
+// server's WAL when the slot is created.
+func TestFanoutNewSlotForgetsTheOldPosition(t *testing.T) {
+	h := newFanHarness(t)
+	ctx := context.Background()
+	sink := newFanRecSink()
+	h.start(FanoutConfig{}, sink, func(f *Fanout) {
+		f.lastEnd = pglogrepl.LSN(1) << 62 // from a timeline this server never had
+	})
+	ev := fanSigned(1, "after the new slot", nil)
+	h.accept(ctx, ev)
+	sink.waitAll(t, []string{ev.ID}, 20*time.Second)
+}
