@@ -1,0 +1,86 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/db"
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+// accept_event trusts its caller to have verified the signature, so EXECUTE is granted to the
+// relay and operator roles only (DESIGN.md, sql/0002_accept.up.sql): any other role, even one
+// that may use schema buzz, gets permission denied (42501) on the function itself.
+func TestAcceptEventExecuteOnlyForRelayAndOperator(t *testing.T) {
+	url := testenv.FreshDB(t)
+	ctx := context.Background()
+	admin := testenv.NewSession(t, url, "grants")
+	role := fmt.Sprintf("buzz_test_nogrant_%d", admin.PID)
+	if _, err := admin.Conn.Exec(ctx, `CREATE ROLE `+pgx.Identifier{role}.Sanitize()+` NOLOGIN`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// Roles are cluster-wide: drop this one (its grant in this database first).
+		c, err := pgx.Connect(context.Background(), url)
+		if err != nil {
+			t.Logf("drop role %s: %v", role, err)
+			return
+		}
+		defer c.Close(context.Background())
+		_, _ = c.Exec(context.Background(), `DROP OWNED BY `+pgx.Identifier{role}.Sanitize())
+		if _, err := c.Exec(context.Background(), `DROP ROLE `+pgx.Identifier{role}.Sanitize()); err != nil {
+			t.Logf("drop role %s: %v", role, err)
+		}
+	})
+	// The schema is usable, so the only thing missing is EXECUTE on the function.
+	if _, err := admin.Conn.Exec(ctx, `GRANT USAGE ON SCHEMA buzz TO `+pgx.Identifier{role}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	u := testenv.NewUser()
+	raw, _ := u.Event(t, 1, nostr.Tags{}, "grants").MarshalJSON()
+
+	call := func(as string) error {
+		t.Helper()
+		tx, err := admin.Conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		if _, err := tx.Exec(ctx, `SET LOCAL ROLE `+pgx.Identifier{as}.Sanitize()); err != nil {
+			t.Fatal(err)
+		}
+		var ok bool
+		var msg string
+		return tx.QueryRow(ctx, `SELECT ok, message FROM buzz.accept_event($1::jsonb)`, string(raw)).Scan(&ok, &msg)
+	}
+	deniedOnFunction := func(err error) bool {
+		return db.SQLState(err) == "42501" && strings.Contains(err.Error(), "function accept_event")
+	}
+
+	err := call(role)
+	if !deniedOnFunction(err) {
+		t.Fatalf("role %s without grants calling buzz.accept_event: err %v (SQLSTATE %q), want 42501 permission denied for function accept_event",
+			role, err, db.SQLState(err))
+	}
+	// PUBLIC has nothing either: the privilege list names the two roles (and the owner) only.
+	var acl string
+	if err := admin.Conn.QueryRow(ctx, `SELECT coalesce(proacl::text, '') FROM pg_proc
+		WHERE oid = 'buzz.accept_event(jsonb)'::regprocedure`).Scan(&acl); err != nil {
+		t.Fatal(err)
+	}
+	if acl == "" || strings.Contains(acl, "{=X") || strings.Contains(acl, ",=X") {
+		t.Fatalf("buzz.accept_event privileges %q: PUBLIC may execute it", acl)
+	}
+	// The granted roles get past the function's EXECUTE check (what they may do inside is the
+	// tables' business, not this guard's).
+	for _, granted := range []string{"buzz_relay", "buzz_operator"} {
+		if err := call(granted); deniedOnFunction(err) {
+			t.Fatalf("%s calling buzz.accept_event: %v, want EXECUTE granted", granted, err)
+		}
+	}
+}
