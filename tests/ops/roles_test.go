@@ -1,0 +1,121 @@
+package ops
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+// A relay whose login role is only a member of buzz_relay (plus REPLICATION) runs every path:
+// acceptance, DM commands, snapshots, reminders, deletions, queries and the replication stream.
+// An operator role that is only a member of buzz_operator posts with `buzzpg send` and uses the
+// psql tour. Before 0012 the roles could EXECUTE the functions but not touch their tables
+// (functions run with the caller's rights): serve failed at the schema check.
+func TestRelayAndOperatorRunWithTheirRolesOnly(t *testing.T) {
+	dbURL := testenv.FreshDB(t)
+	admin := testenv.Pool(t, dbURL)
+	ctx := context.Background()
+	suffix := fmt.Sprint(time.Now().UnixNano() % 1e9)
+	relayRole, opRole := "lp_relay_"+suffix, "lp_op_"+suffix
+	for _, q := range []string{
+		`CREATE ROLE ` + relayRole + ` LOGIN REPLICATION IN ROLE buzz_relay`,
+		`CREATE ROLE ` + opRole + ` LOGIN IN ROLE buzz_operator`,
+	} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { // after the relay stopped (cleanups run last-in first-out)
+		for _, r := range []string{relayRole, opRole} {
+			_, _ = admin.Exec(context.Background(), `DROP ROLE IF EXISTS `+r)
+		}
+	})
+	as := func(role string) string {
+		u, err := url.Parse(dbURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.User = url.User(role)
+		return u.String()
+	}
+
+	relayKey, _ := testenv.NewKey()
+	r := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: as(relayRole), RelayKey: relayKey,
+		Env: map[string]string{"BUZZ_AUTO_MIGRATE": "false"}})
+	a, b := testenv.NewUser(), testenv.NewUser()
+	ca, cb := testenv.Dial(t, r.URL), testenv.Dial(t, r.URL)
+	ca.Auth(a.SK)
+	cb.Auth(b.SK)
+
+	// A DM, hidden by B: B's snapshot is published (publisher) and reaches B live (fan-out).
+	msg := ca.MustPublish(a.Event(t, 41010, nostr.Tags{{"p", b.PK}}, ""))
+	var resp struct {
+		ChannelID string `json:"channel_id"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(msg, "response:")), &resp); err != nil || resp.ChannelID == "" {
+		t.Fatalf("DM open answered %q", msg)
+	}
+	ch := resp.ChannelID
+	snaps := cb.Subscribe(nostr.Filter{Kinds: []int{30622}, Tags: nostr.TagMap{"p": {b.PK}}})
+	cb.MustPublish(b.Event(t, 41012, nostr.Tags{{"h", ch}}, ""))
+	snaps.WaitN(1, 20*time.Second)
+
+	// A message resurfaces the DM for B: delivered live, and a second snapshot.
+	inDM := cb.Subscribe(nostr.Filter{Kinds: []int{9}, Tags: nostr.TagMap{"h": {ch}}})
+	hello := a.Event(t, 9, nostr.Tags{{"h", ch}}, "hello")
+	ca.MustPublish(hello)
+	inDM.WaitEvents(20*time.Second, hello.ID)
+	snaps.WaitN(2, 20*time.Second)
+
+	// A reminder due now is claimed and confirmed by the scheduler.
+	rem := a.Event(t, 30300, nostr.Tags{{"d", "standup"}, {"not_before", fmt.Sprint(time.Now().Unix())}}, "enc")
+	ca.MustPublish(rem)
+	testenv.WaitUntil(t, 20*time.Second, "the reminder confirmed", func() bool {
+		var state string
+		_ = admin.QueryRow(ctx, `SELECT state FROM buzz.reminders WHERE id = $1`, rem.ID).Scan(&state)
+		return state == "confirmed"
+	})
+
+	// A deletion, and a query that no longer finds the deleted note.
+	note := a.Event(t, 1, nil, "note")
+	ca.MustPublish(note)
+	ca.MustPublish(a.Event(t, 5, nostr.Tags{{"e", note.ID}}, ""))
+	if got := ca.Req(nostr.Filter{IDs: []string{note.ID}}).Events(); len(got) != 0 {
+		t.Fatalf("the deleted note is still served (%d)", len(got))
+	}
+
+	// The operator: `buzzpg send`, then the psql tour.
+	out, code := runBinary(t, []string{"DATABASE_URL=" + as(opRole), "BUZZ_RELAY_KEY=" + relayKey},
+		"send", "--channel", ch, "--as", a.PK, "deploy finished")
+	if code != 0 {
+		t.Fatalf("send as %s: exit %d: %s", opRole, code, out)
+	}
+	op, err := pgxpool.New(ctx, as(opRole))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Close()
+	for _, q := range []string{
+		`SELECT count(*) FROM buzz.visibility_lag()`,
+		`SELECT count(*) FROM buzz.reminder_status()`,
+		`SELECT count(*) FROM buzz.fanout_status()`,
+		`SELECT count(*) FROM (SELECT buzz.hide_dm('` + a.PK + `', '` + ch + `'::uuid)) s`,
+		`SELECT count(*) FROM (SELECT buzz.unhide_dm('` + a.PK + `', '` + ch + `'::uuid)) s`,
+		`WITH u AS (UPDATE buzz.members SET hidden_at = now() WHERE channel_id = '` + ch + `' AND pubkey = '` + b.PK + `' RETURNING 1) SELECT count(*) FROM u`,
+		`WITH u AS (UPDATE buzz.visibility_outbox SET available_at = now() RETURNING 1) SELECT count(*) FROM u`,
+	} {
+		var n int
+		if err := op.QueryRow(ctx, q).Scan(&n); err != nil {
+			t.Fatalf("as %s: %s: %v", opRole, q, err)
+		}
+	}
+}
