@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -26,6 +27,8 @@ func newParty(t *testing.T, tr *testRelay, authed bool) party {
 	return party{sk, pk, c}
 }
 
+var dmReply = regexp.MustCompile(`^response:\{"channel_id":"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}","created":(true|false)\}$`)
+
 // openDM opens a DM of a with others and returns its channel id.
 func openDM(t *testing.T, a party, others ...string) string {
 	t.Helper()
@@ -35,8 +38,9 @@ func openDM(t *testing.T, a party, others ...string) string {
 	}
 	ev := signed(a.sk, 41010, "", nostr.Now(), tags...)
 	r := a.c.publish(ev)
-	if !r.ok || !strings.HasPrefix(r.msg, "response:") {
-		t.Fatalf("DM open: %+v", r)
+	// PROTOCOL.md's exact shape: a client may match the string, not parse it.
+	if !r.ok || !dmReply.MatchString(r.msg) {
+		t.Fatalf("DM open: %+v, want %s", r, dmReply)
 	}
 	var resp struct {
 		ChannelID string `json:"channel_id"`

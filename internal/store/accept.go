@@ -78,5 +78,29 @@ func AcceptJSON(ctx context.Context, pool *pgxpool.Pool, raw []byte) (ok bool, m
 		}
 		return false, "", err
 	}
-	return ok, message, nil
+	return ok, canonicalResponse(message), nil
+}
+
+// canonicalResponse writes a DM command's reply the way PROTOCOL.md shows it,
+// response:{"channel_id":"<uuid>","created":<bool>}: accept_event builds it as jsonb, whose text
+// puts the shorter key first and spaces after colons, and a client may match the string.
+func canonicalResponse(msg string) string {
+	body, ok := strings.CutPrefix(msg, "response:")
+	if !ok {
+		return msg
+	}
+	var r struct {
+		ChannelID *string `json:"channel_id"`
+		Created   *bool   `json:"created"`
+	}
+	dec := json.NewDecoder(strings.NewReader(body))
+	dec.DisallowUnknownFields()
+	if dec.Decode(&r) != nil || r.ChannelID == nil || r.Created == nil {
+		return msg // not the DM reply's shape: leave it as SQL wrote it
+	}
+	out, _ := json.Marshal(struct {
+		ChannelID string `json:"channel_id"`
+		Created   bool   `json:"created"`
+	}{*r.ChannelID, *r.Created})
+	return "response:" + string(out)
 }
