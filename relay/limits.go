@@ -29,6 +29,10 @@ type Config struct {
 	// per-IP caps and rates count (see clientIP); empty: the TCP peer is the client.
 	TrustedProxies []netip.Prefix
 	QueryTimeout   time.Duration // per REQ/COUNT query, default 5s
+	// InitialResultBudget bounds the bytes of REQ initial results held in memory until sent,
+	// across all connections of the process (each query also stops at 16 MiB); an answer that
+	// does not fit is cut short. Default 256 MiB.
+	InitialResultBudget int64
 	// MaxQueriesInFlight bounds concurrent REQ/COUNT queries per connection (default 4); a client
 	// that sends more waits (its reads stop) instead of taking more of the query pool.
 	MaxQueriesInFlight int
@@ -89,6 +93,9 @@ func (c *Config) applyDefaults() error {
 	def(&c.MaxConns, 10000)
 	def(&c.MaxConnsPerIP, 1000)
 	def(&c.MaxQueriesInFlight, 4)
+	if c.InitialResultBudget <= 0 {
+		c.InitialResultBudget = 256 << 20
+	}
 	def(&c.EventBurst, 100)
 	def(&c.ReqBurst, 50)
 	if c.MaxFutureSeconds <= 0 {

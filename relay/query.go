@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -114,7 +115,8 @@ type storedRow struct {
 // EOSE. The rows are read completely (bounded by maxInitialBytes) before sending, so a slow client
 // holds no database connection.
 func (c *conn) runInitial(sub *subscription) {
-	rows, err := c.queryStored(sub.ctx, sub.filters)
+	rows, held, err := c.queryStored(sub.ctx, sub.filters)
+	defer c.s.initial.release(held)
 	if err != nil {
 		if sub.ctx.Err() != nil {
 			return // closed, replaced, or the connection went away
@@ -199,27 +201,33 @@ func (sub *subscription) sendLocked(c *conn, msg []byte, want func() bool) bool 
 	}
 }
 
-// queryStored reads the initial rows of filters, newest first, de-duplicated across filters.
-func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) ([]storedRow, error) {
+// queryStored reads the initial rows of filters, newest first, de-duplicated across filters. held
+// is what the rows took from the process-wide budget; the caller gives it back once they are sent.
+func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out []storedRow, held int64, err error) {
 	sql, args := reqSQL(filters, c.authedList())
 	if sql == "" {
-		return nil, nil
+		return nil, 0, nil
 	}
+	defer func() {
+		if err != nil {
+			c.s.initial.release(held)
+			out, held = nil, 0
+		}
+	}()
 	ctx, cancel := context.WithTimeout(ctx, c.s.cfg.QueryTimeout)
 	defer cancel()
 	start := time.Now()
 	defer func() { metrics.Queries.WithLabelValues("REQ").Observe(time.Since(start).Seconds()) }()
 	pc, err := c.s.acquireQueryConn(ctx)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer pc.Release()
 	rows, err := pc.Query(ctx, sql, args...)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer rows.Close()
-	var out []storedRow
 	var ev nostr.Event
 	var tags string
 	var ageMs int64
@@ -230,7 +238,7 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) ([]st
 		var kind int32
 		var createdAt int64
 		if err := rows.Scan(&ev.ID, &ev.PubKey, &createdAt, &kind, &tags, &ev.Content, &ev.Sig, &ageMs); err != nil {
-			return nil, err
+			return out, held, err
 		}
 		if ev.ID == prev {
 			continue // the same row matched by another filter: adjacent in (created_at, id) order
@@ -241,12 +249,43 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) ([]st
 		js := storedEventJSON(&ev, tags)
 		total += len(js)
 		if total > maxInitialBytes {
+			metrics.InitialTruncated.WithLabelValues("query").Inc()
 			c.log.Debug("initial query truncated", "bytes", maxInitialBytes, "rows", len(out))
 			break
 		}
+		if !c.s.initial.take(int64(len(js))) {
+			// Every connection's answers together stay within the budget: this one gets the
+			// newest rows that fit (NIP-01 lets a relay return fewer than limit).
+			metrics.InitialTruncated.WithLabelValues("budget").Inc()
+			c.log.Debug("initial query truncated by the process-wide budget", "rows", len(out))
+			break
+		}
+		held += int64(len(js))
 		out = append(out, storedRow{id: ev.ID, json: js, recent: ageMs < window})
 	}
-	return out, rows.Err()
+	return out, held, rows.Err()
+}
+
+// byteBudget bounds bytes held across connections (initial results waiting to be sent).
+type byteBudget struct {
+	limit int64
+	used  atomic.Int64
+}
+
+func (b *byteBudget) take(n int64) bool {
+	if b.used.Add(n) > b.limit {
+		b.used.Add(-n)
+		return false
+	}
+	metrics.InitialBytes.Add(float64(n))
+	return true
+}
+
+func (b *byteBudget) release(n int64) {
+	if n != 0 {
+		b.used.Add(-n)
+		metrics.InitialBytes.Sub(float64(n))
+	}
 }
 
 // storedEventJSON builds an event's JSON from a row; tags come as jsonb text, already JSON.

@@ -5,7 +5,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/nbd-wtf/go-nostr"
 
@@ -243,5 +246,59 @@ func TestLiveDedupAroundInitialQuery(t *testing.T) {
 	tr.s.Deliver(evt.Delivery{Event: &fresh})
 	if ev := c.nextEvent("s"); ev.ID != fresh.ID {
 		t.Fatalf("re-delivered %s", ev.Content)
+	}
+}
+
+// Initial results held in memory until sent are bounded across connections: while one REQ's
+// answer waits (held at a hook after its query), another REQ gets only what the rest of the
+// budget holds; once sent, the budget is whole again.
+func TestInitialResultsShareOneBudget(t *testing.T) {
+	const n = 20
+	tr := startRelay(t, func(c *Config) { c.InitialResultBudget = 8 << 10 })
+	c := tr.dial(t)
+	sk, pk := testenv.NewKey()
+	base := int64(nostr.Now()) - 1000
+	var stored []nostr.Event
+	for i := range n {
+		ev := signed(sk, 1, strings.Repeat("x", 300), nostr.Timestamp(base+int64(i)))
+		c.mustPublish(ev)
+		stored = append(stored, ev)
+	}
+	f := nostr.Filter{Authors: []string{pk}}
+	// Alone, the answer is cut at the budget: about 8 KiB of ~560-byte events, the newest first.
+	got := c.req("alone", f)
+	if len(got) == 0 || len(got) >= n || got[0].ID != stored[n-1].ID {
+		t.Fatalf("alone under an 8 KiB budget: %d of %d events (first %v)", len(got), n, ids(got[:min(1, len(got))]))
+	}
+	if used := tr.s.initial.used.Load(); used != 0 {
+		t.Fatalf("%d bytes still held after the answer was sent", used)
+	}
+	alone := len(got)
+
+	// One answer held: the other REQ finds the budget spent.
+	reached, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	remove := hooks.Set("relay.req.queried", func(ctx context.Context) {
+		first := false
+		once.Do(func() { first = true })
+		if first {
+			close(reached)
+			<-release
+		}
+	})
+	defer remove()
+	holder := tr.dial(t)
+	holder.sendJSON("REQ", "held", f)
+	<-reached
+	if got := c.req("starved", f); len(got) != 0 {
+		t.Fatalf("with the budget held by another answer: %d events, want none", len(got))
+	}
+	close(release)
+	if got, _ := holder.collect("held"); len(got) != alone {
+		t.Fatalf("the held answer: %d events, want %d", len(got), alone)
+	}
+	testenv.WaitUntil(t, 10*time.Second, "the budget given back", func() bool { return tr.s.initial.used.Load() == 0 })
+	if got := c.req("again", f); len(got) != alone {
+		t.Fatalf("after the held answer was sent: %d events, want %d", len(got), alone)
 	}
 }

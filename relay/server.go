@@ -36,6 +36,7 @@ type Server struct {
 	timeoutSetLen atomic.Int64
 	ipEvents      *ipLimiter // nil: unlimited
 	ipReqs        *ipLimiter
+	initial       byteBudget // initial REQ results held until sent, across connections
 
 	mu       sync.RWMutex
 	conns    map[*conn]struct{}
@@ -86,6 +87,7 @@ func New(cfg Config, acceptPool, queryPool *pgxpool.Pool) (*Server, error) {
 		}
 		s.relayPubkey = pk
 	}
+	s.initial.limit = cfg.InitialResultBudget
 	s.members = newMemberCache(memberCacheSize)
 	s.ipEvents = newIPLimiter(cfg.IPEventRate, cfg.EventBurst)
 	s.ipReqs = newIPLimiter(cfg.IPReqRate, cfg.ReqBurst)

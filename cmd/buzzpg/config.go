@@ -48,6 +48,7 @@ type serveConfig struct {
 	ReminderBatch    int
 	DebugListen      string
 	TrustedProxies   []netip.Prefix
+	ResultBudgetMB   int // initial REQ results held in memory until sent, across connections
 }
 
 func envStr(name, def string) string {
@@ -141,6 +142,7 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	fs.IntVar(&c.ReminderBatch, "reminder-batch", envInt("BUZZ_REMINDER_BATCH", 1000), "reminders claimed and confirmed per transaction (BUZZ_REMINDER_BATCH)")
 	fs.StringVar(&c.DebugListen, "debug-listen", envStr("BUZZ_DEBUG_LISTEN", ""), "address for Go's /debug/pprof profiles, off when empty; keep it private (BUZZ_DEBUG_LISTEN)")
 	fs.DurationVar(&c.DBWait, "db-wait", envDur("BUZZ_DB_WAIT", 30*time.Second), "how long to wait for PostgreSQL at start, e.g. while it restarts (BUZZ_DB_WAIT)")
+	fs.IntVar(&c.ResultBudgetMB, "result-budget-mb", envInt("BUZZ_RESULT_BUDGET_MB", 256), "MiB of REQ initial results held in memory until sent, across connections; answers beyond it are cut short (BUZZ_RESULT_BUDGET_MB)")
 	proxies := fs.String("trusted-proxies", envStr("BUZZ_TRUSTED_PROXIES", ""), "load balancers (IPs or CIDRs, comma-separated) whose X-Forwarded-For names the client IP for per-IP caps and rates (BUZZ_TRUSTED_PROXIES)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -206,7 +208,8 @@ func (c *serveConfig) checkRanges() error {
 			bad = append(bad, fmt.Sprintf("%s=%g must be 0 (unlimited) or more", name, v))
 		}
 	}
-	for name, v := range map[string]int{"BUZZ_EVENT_BURST": c.EventBurst, "BUZZ_REQ_BURST": c.ReqBurst, "BUZZ_REMINDER_BATCH": c.ReminderBatch} {
+	for name, v := range map[string]int{"BUZZ_EVENT_BURST": c.EventBurst, "BUZZ_REQ_BURST": c.ReqBurst,
+		"BUZZ_REMINDER_BATCH": c.ReminderBatch, "BUZZ_RESULT_BUDGET_MB": c.ResultBudgetMB} {
 		if v < 1 {
 			bad = append(bad, fmt.Sprintf("%s=%d must be at least 1", name, v))
 		}

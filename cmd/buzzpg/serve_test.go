@@ -60,6 +60,7 @@ func TestServeEnvironmentIsParsedStrictly(t *testing.T) {
 		"BUZZ_LOG_LEVEL":          "verbose",
 		"BUZZ_LOG_FORMAT":         "yaml",
 		"BUZZ_TRUSTED_PROXIES":    "10.0.0.0/8, lb.internal",
+		"BUZZ_RESULT_BUDGET_MB":   "0",
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Setenv(name, val)

@@ -34,6 +34,15 @@ var (
 	RateLimited = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "buzz_rate_limited_total", Help: "Messages answered rate-limited:, by verb.",
 	}, []string{"verb"})
+	// InitialBytes is what REQ initial results hold in memory until sent, across connections;
+	// InitialTruncated counts answers cut short: at the per-query bound ("query") or because the
+	// process-wide budget was spent ("budget").
+	InitialBytes = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "buzz_initial_result_bytes", Help: "Bytes of REQ initial results held in memory until sent.",
+	})
+	InitialTruncated = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "buzz_initial_results_truncated_total", Help: "REQ initial answers cut short, by bound (query, budget).",
+	}, []string{"bound"})
 	Queries = promauto.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "buzz_query_seconds", Help: "REQ/COUNT initial query time.",
 		Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16),
