@@ -233,6 +233,11 @@ func (f *Fanout) ensureSlot(ctx context.Context) error {
 	if f.hadSlot {
 		f.log.Error("fan-out replication slot vanished (reaped as stale, or dropped by hand); recreating it: events committed while it was missing are not delivered by this process")
 	}
+	// Our position belonged to the old slot. After a failover to a standby or a restore, WAL
+	// positions start below it again, and keeping it would skip (and ask the server to skip)
+	// every transaction up to it. Forgotten before the creation, which may succeed even when its
+	// statement reports an error. The id window still drops anything handed over twice.
+	f.lastEnd = 0
 	// Register before creating: a slot without an instance row counts as orphaned for reapers.
 	if err := f.beat(ctx); err != nil {
 		return err
@@ -240,10 +245,6 @@ func (f *Fanout) ensureSlot(ctx context.Context) error {
 	if err := createSlot(ctx, f.pool, f.slot, f.cfg.SlotCreateTimeout, f.log); err != nil {
 		return err
 	}
-	// Our position belonged to the old slot. After a failover to a standby or a restore, WAL
-	// positions start below it again, and keeping it would skip (and ask the server to skip)
-	// every transaction up to it. The id window still drops anything handed over twice.
-	f.lastEnd = 0
 	f.hadSlot = true
 	f.slotsMade.Add(1)
 	f.slotOnce.Do(func() { close(f.slotMade) })

@@ -114,7 +114,9 @@ func TestClientIP(t *testing.T) {
 		{"10.1.2.3:5000", "198.51.100.1, 10.9.9.9", "198.51.100.1"},     // two proxies
 		{"10.1.2.3:5000", "10.9.9.9, 10.8.8.8", "10.9.9.9"},             // only proxies
 		{"10.1.2.3:5000", "junk, 10.8.8.8", "10.8.8.8"},                 // garbage: the last sane hop
-		{"[2001:db8::1]:5000", "::ffff:198.51.100.1", "198.51.100.1"},   // v6 proxy, mapped client
+		{"10.1.2.3:5000", "198.51.100.1:61000", "198.51.100.1"},         // address:port
+		{"10.1.2.3:5000", "[2001:db9::5]:443, 10.8.8.8", "2001:db9::5"},
+		{"[2001:db8::1]:5000", "::ffff:198.51.100.1", "198.51.100.1"}, // v6 proxy, mapped client
 	} {
 		r := &http.Request{RemoteAddr: c.remote, Header: http.Header{}}
 		if c.xff != "" {

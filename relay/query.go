@@ -116,7 +116,16 @@ type storedRow struct {
 // holds no database connection.
 func (c *conn) runInitial(sub *subscription) {
 	rows, held, err := c.queryStored(sub.ctx, sub.filters)
-	defer c.s.initial.release(held)
+	// Each row gives its bytes back once it is in the send queue (bounded per connection), so a
+	// slow reader holds only what it has not taken yet; the rest comes back when this returns.
+	defer func() { c.s.initial.release(held) }()
+	if errors.Is(err, errBudgetSpent) {
+		// Every byte of the budget is held by answers still being sent. An empty EOSE would read
+		// as "no history"; say it instead.
+		c.removeSub(sub)
+		c.sendClosed(sub.id, "error: relay busy, try again")
+		return
+	}
 	if err != nil {
 		if sub.ctx.Err() != nil {
 			return // closed, replaced, or the connection went away
@@ -161,6 +170,8 @@ func (c *conn) runInitial(sub *subscription) {
 		if !sent {
 			return
 		}
+		c.s.initial.release(int64(len(r.json)))
+		held -= int64(len(r.json))
 	}
 	sub.sendLocked(c, marshalArray("EOSE", sub.id), nil)
 }
@@ -209,6 +220,10 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out 
 		return nil, 0, nil
 	}
 	defer func() {
+		if p := recover(); p != nil {
+			c.s.initial.release(held) // recoverQuery answers the client; the bytes must come back
+			panic(p)
+		}
 		if err != nil {
 			c.s.initial.release(held)
 			out, held = nil, 0
@@ -255,9 +270,13 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out 
 		}
 		if !c.s.initial.take(int64(len(js))) {
 			// Every connection's answers together stay within the budget: this one gets the
-			// newest rows that fit (NIP-01 lets a relay return fewer than limit).
+			// newest rows that fit (NIP-01 lets a relay return fewer than limit), or, when not one
+			// fits, a CLOSED that says why.
 			metrics.InitialTruncated.WithLabelValues("budget").Inc()
 			c.log.Debug("initial query truncated by the process-wide budget", "rows", len(out))
+			if len(out) == 0 {
+				return nil, 0, errBudgetSpent
+			}
 			break
 		}
 		held += int64(len(js))
@@ -265,6 +284,9 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out 
 	}
 	return out, held, rows.Err()
 }
+
+// errBudgetSpent: not one row of an answer fit in the process-wide budget.
+var errBudgetSpent = errors.New("initial result budget spent")
 
 // byteBudget bounds bytes held across connections (initial results waiting to be sent).
 type byteBudget struct {

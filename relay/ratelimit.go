@@ -92,7 +92,9 @@ func (l *ipLimiter) allow(ip string, now time.Time) bool {
 // peer is one of cfg.TrustedProxies (a load balancer): then it is the rightmost X-Forwarded-For
 // entry that is not a trusted proxy, the address the outermost trusted proxy saw. Entries to the
 // left of it are whatever the client wrote and are never believed; without trusted proxies the
-// header is ignored, so a client cannot use it to escape its budget.
+// header is ignored, so a client cannot use it to escape its budget. Trusted proxies must be the
+// balancers only: a client inside a trusted range is taken for a proxy, and the entries it
+// writes in front of its own address would be believed.
 func (s *Server) clientIP(r *http.Request) string {
 	peer, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
@@ -104,8 +106,8 @@ func (s *Server) clientIP(r *http.Request) string {
 	}
 	hops := strings.Split(strings.Join(r.Header.Values("X-Forwarded-For"), ","), ",")
 	for i := len(hops) - 1; i >= 0; i-- {
-		hop, err := netip.ParseAddr(strings.TrimSpace(hops[i]))
-		if err != nil {
+		hop, ok := parseHop(strings.TrimSpace(hops[i]))
+		if !ok {
 			break // garbage from here leftwards: count the last proxy that wrote something sane
 		}
 		addr = hop.Unmap()
@@ -114,6 +116,17 @@ func (s *Server) clientIP(r *http.Request) string {
 		}
 	}
 	return addr.String()
+}
+
+// parseHop reads one X-Forwarded-For entry: an address, or address:port as some balancers write it.
+func parseHop(h string) (netip.Addr, bool) {
+	if a, err := netip.ParseAddr(h); err == nil {
+		return a, true
+	}
+	if ap, err := netip.ParseAddrPort(h); err == nil {
+		return ap.Addr(), true
+	}
+	return netip.Addr{}, false
 }
 
 func (s *Server) trustedProxy(a netip.Addr) bool {

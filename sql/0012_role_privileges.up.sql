@@ -22,5 +22,8 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA buzz TO buzz_relay,
 GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA buzz TO buzz_relay, buzz_operator;
 ALTER DEFAULT PRIVILEGES IN SCHEMA buzz
   GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO buzz_relay, buzz_operator;
+-- Rows of visibility_retired must never be deleted (0011: generations would repeat); its trigger
+-- only inserts and raises them.
+REVOKE DELETE ON buzz.visibility_retired FROM buzz_relay, buzz_operator;
 ALTER DEFAULT PRIVILEGES IN SCHEMA buzz
   GRANT USAGE, SELECT, UPDATE ON SEQUENCES TO buzz_relay, buzz_operator;

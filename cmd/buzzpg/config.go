@@ -114,7 +114,7 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	fs.StringVar(&c.RelayURL, "relay-url", envStr("BUZZ_RELAY_URL", ""), "public relay URL checked in NIP-42 AUTH (BUZZ_RELAY_URL; default ws:// + listen)")
 	fs.StringVar(&c.RelayKey, "relay-key", envStr("BUZZ_RELAY_KEY", ""), "relay secret key, hex (BUZZ_RELAY_KEY)")
 	fs.StringVar(&c.RelayKeyFile, "relay-key-file", envStr("BUZZ_RELAY_KEY_FILE", ""), "file holding the relay secret key (BUZZ_RELAY_KEY_FILE)")
-	fs.StringVar(&c.InstanceID, "instance-id", envStr("BUZZ_INSTANCE_ID", ""), "unique id of this process; names its replication slot (BUZZ_INSTANCE_ID; default random)")
+	fs.StringVar(&c.InstanceID, "instance-id", envStr("BUZZ_INSTANCE_ID", ""), "unique id of this process; names its replication slot (BUZZ_INSTANCE_ID; default <host>_<pid>_<n>)")
 	fs.BoolVar(&c.AutoMigrate, "auto-migrate", envBool("BUZZ_AUTO_MIGRATE", true), "apply migrations at start (BUZZ_AUTO_MIGRATE); turn off for rolling deploys")
 	fs.BoolVar(&c.NoRelay, "no-relay", envBool("BUZZ_NO_RELAY", false), "run the listener only, no WebSocket relay (BUZZ_NO_RELAY)")
 	fs.StringVar(&c.LogFormat, "log-format", envStr("BUZZ_LOG_FORMAT", "text"), "text or json (BUZZ_LOG_FORMAT)")

@@ -51,14 +51,18 @@ func serve(cfg serveConfig, log *slog.Logger) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// After the first signal, whenever it comes (even mid-migration, which takes no context), a
+	// second one takes the default action: the operator who sends it wants out now. Claims then
+	// sit out their leases and peers reap the slot, nothing worse.
+	go func() { <-ctx.Done(); stop() }()
 
 	// What can be refused without changing the database is checked first: a busy port or a
-	// server without logical decoding must not leave migrations or settings behind.
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("cannot listen on %s: %w (set BUZZ_LISTEN to a free address)", cfg.Listen, err)
+	// server without logical decoding must not leave migrations or settings behind. The port is
+	// only probed here and bound once the process can serve, so that clients and TCP health
+	// checks are refused, not left hanging in the backlog, while it starts.
+	if err := probeListen(cfg.Listen); err != nil {
+		return err
 	}
-	defer ln.Close()
 	if err := db.WaitReachable(ctx, cfg.DatabaseURL, cfg.DBWait, log); err != nil {
 		return err
 	}
@@ -78,7 +82,7 @@ func serve(cfg serveConfig, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	defer accept.Close()
+	defer closePool(accept, log)
 	if err := checkSchema(ctx, accept); err != nil {
 		return err
 	}
@@ -86,12 +90,12 @@ func serve(cfg serveConfig, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	defer query.Close()
+	defer closePool(query, log)
 	lpool, err := db.NewPool(ctx, cfg.DatabaseURL, "buzzpg-listener:"+cfg.InstanceID, 12)
 	if err != nil {
 		return err
 	}
-	defer lpool.Close()
+	defer closePool(lpool, log)
 	if err := publishSettings(ctx, accept, pk, cfg, log); err != nil {
 		return err
 	}
@@ -104,6 +108,11 @@ func serve(cfg serveConfig, log *slog.Logger) error {
 		log.Debug("accept connections warmed", "conns", n, "took", time.Since(began))
 	}
 
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("cannot listen on %s: %w (set BUZZ_LISTEN to a free address)", cfg.Listen, err)
+	}
+	defer ln.Close()
 	addr := ln.Addr().String()
 	if cfg.RelayURL == "" {
 		cfg.RelayURL = defaultRelayURL(cfg.Listen, addr)
@@ -215,9 +224,7 @@ func serve(cfg serveConfig, log *slog.Logger) error {
 	case <-ctx.Done():
 	case runErr = <-failed:
 	}
-	// From here a second SIGINT/SIGTERM takes the default action: the operator who sends it wants
-	// out now. Claims then sit out their leases and peers reap the slot, nothing worse.
-	stop()
+	stop() // a component failure starts the shutdown too: a signal from now on ends it at once
 	if runErr != nil {
 		log.Error("component failed; shutting down", "err", runErr)
 	} else {
@@ -237,9 +244,10 @@ func serve(cfg serveConfig, log *slog.Logger) error {
 	select {
 	case <-stopped:
 	case <-time.After(componentStopGrace):
-		// E.g. the scheduler resolving a commit whose outcome is unknown; Close below still
-		// gives back what it can, and the rest waits out its lease.
-		log.Warn("components did not stop in time; releasing what they hold anyway", "waited", componentStopGrace)
+		// E.g. the scheduler resolving a commit whose outcome is unknown (it may take up to its
+		// lease). The Close of a stuck component gives up after its own few seconds, and what
+		// it holds waits out its lease; the others still give their claims back.
+		log.Warn("components did not stop in time; closing the others", "waited", componentStopGrace)
 	}
 	// Giving claims back and dropping the slot get their own few seconds each: a long client
 	// drain (or a claim finishing its grace) must not leave them an expired context, which would
@@ -328,7 +336,8 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 // refused from now on (a key rotation does this on purpose; a misconfigured replica by accident).
 func publishSettings(ctx context.Context, pool *pgxpool.Pool, pk string, cfg serveConfig, log *slog.Logger) error {
 	// settings_written_by names the last writer; before any process wrote, the values are the
-	// migration's defaults and replacing them is no news.
+	// migration's defaults and replacing them is no news, except a relay key: one is set only by
+	// a process (deployments from before settings_written_by existed have a key but no writer).
 	rows, err := pool.Query(ctx, `
 		WITH prev AS (SELECT value AS writer FROM buzz.config WHERE key = 'settings_written_by'),
 		     old AS (SELECT key, value FROM buzz.config
@@ -338,9 +347,10 @@ func publishSettings(ctx context.Context, pool *pgxpool.Pool, pk string, cfg ser
 		              ('settings_written_by', $4)
 		            ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value
 		            RETURNING key, value)
-		SELECT up.key, old.value, up.value, prev.writer
-		  FROM up JOIN old USING (key) CROSS JOIN prev
-		 WHERE old.value IS DISTINCT FROM up.value`,
+		SELECT up.key, old.value, up.value, coalesce((SELECT writer FROM prev), 'unknown')
+		  FROM up JOIN old USING (key)
+		 WHERE old.value IS DISTINCT FROM up.value
+		   AND (EXISTS (SELECT 1 FROM prev) OR (up.key = 'relay_pubkey' AND old.value <> ''))`,
 		pk, fmt.Sprint(cfg.MaxFutureSeconds), fmt.Sprint(int64(cfg.ReminderHorizon/time.Second)), cfg.InstanceID)
 	if err != nil {
 		return fmt.Errorf("cannot write buzz.config: %w", err)
@@ -358,6 +368,27 @@ func publishSettings(ctx context.Context, pool *pgxpool.Pool, pk string, cfg ser
 		return fmt.Errorf("cannot write buzz.config: %w", err)
 	}
 	return nil
+}
+
+// probeListen fails fast, before anything touches the database, when the listen address is taken.
+func probeListen(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("cannot listen on %s: %w (set BUZZ_LISTEN to a free address)", addr, err)
+	}
+	return ln.Close()
+}
+
+// closePool closes a pool without letting a component that never gave its connection back hold
+// the exit: pgxpool's Close waits for every acquired connection.
+func closePool(p *pgxpool.Pool, log *slog.Logger) {
+	done := make(chan struct{})
+	go func() { p.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(releaseGrace):
+		log.Warn("a database pool did not close in time; exiting without it")
+	}
 }
 
 // checkWalLevel refuses a server without logical decoding before anything is written to it.

@@ -2,7 +2,6 @@ package store_test
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 
@@ -20,7 +19,7 @@ func TestAcceptEventExecuteOnlyForRelayAndOperator(t *testing.T) {
 	url := testenv.FreshDB(t)
 	ctx := context.Background()
 	admin := testenv.NewSession(t, url, "grants")
-	role := fmt.Sprintf("buzz_test_nogrant_%d", admin.PID)
+	role := "buzz_test_nogrant_" + testenv.NewUser().PK[:12] // cluster-wide: random, not a reusable PID
 	if _, err := admin.Conn.Exec(ctx, `CREATE ROLE `+pgx.Identifier{role}.Sanitize()+` NOLOGIN`); err != nil {
 		t.Fatal(err)
 	}

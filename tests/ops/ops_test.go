@@ -266,4 +266,13 @@ func TestSharedSettingReplacementIsLogged(t *testing.T) {
 	if !regexp.MustCompile(`replaces a shared setting[^\n]*relay_pubkey`).MatchString(other.Log()) {
 		t.Fatalf("a process with another relay key did not say it replaced relay_pubkey:\n%s", other.Log())
 	}
+	// A deployment from before settings_written_by existed has a key but no recorded writer.
+	pool := testenv.Pool(t, dbURL)
+	if _, err := pool.Exec(context.Background(), `DELETE FROM buzz.config WHERE key = 'settings_written_by'`); err != nil {
+		t.Fatal(err)
+	}
+	upgraded := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: dbURL})
+	if !regexp.MustCompile(`replaces a shared setting[^\n]*relay_pubkey`).MatchString(upgraded.Log()) {
+		t.Fatalf("after an upgrade, a process with another relay key did not say it replaced relay_pubkey:\n%s", upgraded.Log())
+	}
 }

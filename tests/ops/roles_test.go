@@ -24,8 +24,16 @@ func TestRelayAndOperatorRunWithTheirRolesOnly(t *testing.T) {
 	dbURL := testenv.FreshDB(t)
 	admin := testenv.Pool(t, dbURL)
 	ctx := context.Background()
-	suffix := fmt.Sprint(time.Now().UnixNano() % 1e9)
+	// Roles are cluster-wide: random names, so parallel runs on one server cannot collide.
+	suffix := testenv.NewUser().PK[:12]
 	relayRole, opRole := "lp_relay_"+suffix, "lp_op_"+suffix
+	t.Cleanup(func() { // after the relay stopped (cleanups run last-in first-out)
+		for _, r := range []string{relayRole, opRole} {
+			if _, err := admin.Exec(context.Background(), `DROP ROLE IF EXISTS `+r); err != nil {
+				t.Logf("drop role %s: %v", r, err)
+			}
+		}
+	})
 	for _, q := range []string{
 		`CREATE ROLE ` + relayRole + ` LOGIN REPLICATION IN ROLE buzz_relay`,
 		`CREATE ROLE ` + opRole + ` LOGIN IN ROLE buzz_operator`,
@@ -34,11 +42,6 @@ func TestRelayAndOperatorRunWithTheirRolesOnly(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	t.Cleanup(func() { // after the relay stopped (cleanups run last-in first-out)
-		for _, r := range []string{relayRole, opRole} {
-			_, _ = admin.Exec(context.Background(), `DROP ROLE IF EXISTS `+r)
-		}
-	})
 	as := func(role string) string {
 		u, err := url.Parse(dbURL)
 		if err != nil {
