@@ -121,7 +121,10 @@ func (c *conn) runInitial(sub *subscription) {
 	defer func() { c.s.initial.release(held) }()
 	if errors.Is(err, errBudgetSpent) {
 		// Every byte of the budget is held by answers still being sent. An empty EOSE would read
-		// as "no history"; say it instead.
+		// as "no history"; say it instead (unless the client closed or replaced this REQ).
+		if sub.ctx.Err() != nil {
+			return
+		}
 		c.removeSub(sub)
 		c.sendClosed(sub.id, "error: relay busy, try again")
 		return
@@ -152,7 +155,7 @@ func (c *conn) runInitial(sub *subscription) {
 	sub.mu.Lock()
 	sub.seen.grow(seenPerSub + remember)
 	sub.mu.Unlock()
-	for _, r := range rows {
+	for i, r := range rows {
 		key := keyOf(r.id)
 		msg := eventMessage(sub.prefix, r.json)
 		sent := sub.sendLocked(c, msg, func() bool {
@@ -170,6 +173,9 @@ func (c *conn) runInitial(sub *subscription) {
 		if !sent {
 			return
 		}
+		// The queue holds its own copy now: drop ours, or the budget would count bytes that are
+		// gone while the slice still holds them.
+		rows[i].json = nil
 		c.s.initial.release(int64(len(r.json)))
 		held -= int64(len(r.json))
 	}

@@ -51,10 +51,20 @@ func serve(cfg serveConfig, log *slog.Logger) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	// After the first signal, whenever it comes (even mid-migration, which takes no context), a
-	// second one takes the default action: the operator who sends it wants out now. Claims then
-	// sit out their leases and peers reap the slot, nothing worse.
-	go func() { <-ctx.Done(); stop() }()
+	// After the first signal a second one takes the default action: the operator who sends it
+	// wants out now. Claims then sit out their leases and peers reap the slot, nothing worse.
+	// Not during migrations (they take no context): a kill there leaves the version dirty, and
+	// every process refuses to start until someone forces it; the first signal ends start-up
+	// right after them.
+	migrated := make(chan struct{})
+	defer func() {
+		select {
+		case <-migrated:
+		default:
+			close(migrated)
+		}
+	}()
+	go func() { <-ctx.Done(); <-migrated; stop() }()
 
 	// What can be refused without changing the database is checked first: a busy port or a
 	// server without logical decoding must not leave migrations or settings behind. The port is
@@ -71,9 +81,11 @@ func serve(cfg serveConfig, log *slog.Logger) error {
 	}
 	if cfg.AutoMigrate {
 		if err := db.MigrateUp(cfg.DatabaseURL, log); err != nil {
+			close(migrated)
 			return err
 		}
 	}
+	close(migrated)
 	var warm []db.PoolOption
 	if !cfg.NoRelay && cfg.AcceptConnsMin > 0 {
 		warm = append(warm, store.WarmAccept(int32(cfg.AcceptConnsMin)))
@@ -82,7 +94,7 @@ func serve(cfg serveConfig, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	defer closePool(accept, log)
+	defer closePool("accept", accept, log)
 	if err := checkSchema(ctx, accept); err != nil {
 		return err
 	}
@@ -90,12 +102,12 @@ func serve(cfg serveConfig, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	defer closePool(query, log)
+	defer closePool("query", query, log)
 	lpool, err := db.NewPool(ctx, cfg.DatabaseURL, "buzzpg-listener:"+cfg.InstanceID, 12)
 	if err != nil {
 		return err
 	}
-	defer closePool(lpool, log)
+	defer closePool("listener", lpool, log)
 	if err := publishSettings(ctx, accept, pk, cfg, log); err != nil {
 		return err
 	}
@@ -381,13 +393,13 @@ func probeListen(addr string) error {
 
 // closePool closes a pool without letting a component that never gave its connection back hold
 // the exit: pgxpool's Close waits for every acquired connection.
-func closePool(p *pgxpool.Pool, log *slog.Logger) {
+func closePool(name string, p *pgxpool.Pool, log *slog.Logger) {
 	done := make(chan struct{})
 	go func() { p.Close(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(releaseGrace):
-		log.Warn("a database pool did not close in time; exiting without it")
+		log.Warn("a database pool did not close in time; exiting without it", "pool", name)
 	}
 }
 

@@ -41,7 +41,7 @@ var (
 		Name: "buzz_initial_result_bytes", Help: "Bytes of REQ initial results held in memory until sent.",
 	})
 	InitialTruncated = promauto.NewCounterVec(prometheus.CounterOpts{
-		Name: "buzz_initial_results_truncated_total", Help: "REQ initial answers cut short, by bound (query, budget).",
+		Name: "buzz_initial_results_truncated_total", Help: "REQ initial answers cut short, by bound (query, budget; budget also counts REQs refused busy).",
 	}, []string{"bound"})
 	Queries = promauto.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "buzz_query_seconds", Help: "REQ/COUNT initial query time.",
