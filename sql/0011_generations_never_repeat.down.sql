@@ -6,4 +6,5 @@ DROP FUNCTION IF EXISTS buzz.visibility_state_check_lift();
 DROP FUNCTION IF EXISTS buzz.visibility_state_lift();
 DROP FUNCTION IF EXISTS buzz.visibility_state_retire_all();
 DROP FUNCTION IF EXISTS buzz.visibility_state_retire();
+DROP FUNCTION IF EXISTS buzz.retire_generation(text, bigint);
 DROP TABLE IF EXISTS buzz.visibility_retired;

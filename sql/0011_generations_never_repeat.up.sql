@@ -34,13 +34,19 @@ CREATE TABLE buzz.visibility_retired (
 COMMENT ON TABLE buzz.visibility_retired IS
   'The highest generation of every viewer whose visibility_state row was deleted (or truncated): a row inserted for that viewer later starts above it, so generation numbers never repeat (0011). Kept for good; do not delete from it.';
 
+CREATE FUNCTION buzz.retire_generation(p_viewer text, p_generation bigint) RETURNS void
+LANGUAGE sql AS $$
+  INSERT INTO buzz.visibility_retired AS r (viewer, generation) VALUES (p_viewer, p_generation)
+  ON CONFLICT (viewer) DO UPDATE SET generation = EXCLUDED.generation
+   WHERE EXCLUDED.generation > r.generation
+$$;
+COMMENT ON FUNCTION buzz.retire_generation(text, bigint) IS
+  'Records that p_viewer''s generations up to p_generation were used (keeping the maximum): a visibility_state row inserted for that viewer later starts above it.';
+
 CREATE FUNCTION buzz.visibility_state_retire() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-  INSERT INTO buzz.visibility_retired AS r (viewer, generation)
-  VALUES (OLD.viewer, greatest(OLD.target_generation, OLD.published_generation))
-  ON CONFLICT (viewer) DO UPDATE SET generation = EXCLUDED.generation
-   WHERE EXCLUDED.generation > r.generation;
+  PERFORM buzz.retire_generation(OLD.viewer, greatest(OLD.target_generation, OLD.published_generation));
   RETURN NULL;
 END $$;
 COMMENT ON FUNCTION buzz.visibility_state_retire() IS
@@ -53,10 +59,8 @@ LANGUAGE plpgsql AS $$
 BEGIN
   -- TRUNCATE fires no row triggers; it holds ACCESS EXCLUSIVE on the table already, so this reads
   -- every row that is about to go.
-  INSERT INTO buzz.visibility_retired AS r (viewer, generation)
-  SELECT s.viewer, greatest(s.target_generation, s.published_generation) FROM buzz.visibility_state s
-  ON CONFLICT (viewer) DO UPDATE SET generation = EXCLUDED.generation
-   WHERE EXCLUDED.generation > r.generation;
+  PERFORM buzz.retire_generation(s.viewer, greatest(s.target_generation, s.published_generation))
+     FROM buzz.visibility_state s;
   RETURN NULL;
 END $$;
 COMMENT ON FUNCTION buzz.visibility_state_retire_all() IS

@@ -27,12 +27,7 @@ func TestShutdownAfterALongDrainReleasesClaims(t *testing.T) {
 		Hooks: []string{listener.HookBeforeFence},
 		Env:   map[string]string{"BUZZ_SHUTDOWN_GRACE": "1s", "BUZZ_LEASE": "1h"}})
 
-	_, viewer := testenv.NewKey()
-	_, other := testenv.NewKey()
-	var ch string
-	if err := pool.QueryRow(ctx, `SELECT channel_id::text FROM buzz.open_dm($1, ARRAY[$2], NULL)`, viewer, other).Scan(&ch); err != nil {
-		t.Fatal(err)
-	}
+	viewer, ch := snapSQLDM(t, pool)
 	snapExec(t, pool, `SELECT buzz.hide_dm($1, $2::uuid)`, viewer, ch)
 	testenv.WaitHook(t, hookDir, listener.HookBeforeFence, 30*time.Second) // the publisher holds the claim
 
@@ -83,12 +78,7 @@ func TestSecondSignalStopsAtOnce(t *testing.T) {
 		  FOR EACH ROW WHEN (NEW.claim_id IS NOT NULL) EXECUTE FUNCTION public.hold_claims();`)
 
 	r := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: dbURL, Env: map[string]string{"BUZZ_SHUTDOWN_GRACE": "1m"}})
-	_, viewer := testenv.NewKey()
-	_, other := testenv.NewKey()
-	var ch string
-	if err := pool.QueryRow(ctx, `SELECT channel_id::text FROM buzz.open_dm($1, ARRAY[$2], NULL)`, viewer, other).Scan(&ch); err != nil {
-		t.Fatal(err)
-	}
+	viewer, ch := snapSQLDM(t, pool)
 	snapExec(t, pool, `SELECT buzz.hide_dm($1, $2::uuid)`, viewer, ch)
 	testenv.WaitUntil(t, 30*time.Second, "the publisher's claim held in the trigger", func() bool {
 		var n int

@@ -48,6 +48,18 @@ func snapExec(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) {
 	}
 }
 
+// snapSQLDM opens a DM of a fresh viewer with one other participant, straight in SQL, and
+// returns the viewer and the channel id.
+func snapSQLDM(t testing.TB, pool *pgxpool.Pool) (viewer, ch string) {
+	t.Helper()
+	_, viewer = testenv.NewKey()
+	_, other := testenv.NewKey()
+	if err := pool.QueryRow(context.Background(), `SELECT channel_id::text FROM buzz.open_dm($1, ARRAY[$2], NULL)`, viewer, other).Scan(&ch); err != nil {
+		t.Fatal(err)
+	}
+	return viewer, ch
+}
+
 func snapGens(t testing.TB, pool *pgxpool.Pool, viewer string) (target, published int64) {
 	t.Helper()
 	_ = pool.QueryRow(context.Background(), `SELECT target_generation, published_generation

@@ -115,12 +115,7 @@ func TestSnapshotServeStalePublisherAcrossProcesses(t *testing.T) {
 	snapExec(t, pool, `UPDATE buzz.config SET value = $1 WHERE key = 'relay_pubkey'`, relayPK)
 	snapAudit(t, pool)
 
-	_, viewer := testenv.NewKey()
-	_, other := testenv.NewKey()
-	var x string
-	if err := pool.QueryRow(ctx, `SELECT channel_id::text FROM buzz.open_dm($1, ARRAY[$2], NULL)`, viewer, other).Scan(&x); err != nil {
-		t.Fatal(err)
-	}
+	viewer, x := snapSQLDM(t, pool)
 	// An earlier head, 30 s behind the clock (B will publish just above it).
 	snapExec(t, pool, `SELECT buzz.bump_visibility($1)`, viewer)
 	g0, _ := snapGens(t, pool, viewer)
