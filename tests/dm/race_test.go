@@ -180,3 +180,31 @@ func parseResponse(t testing.TB, msg string) openResponse {
 	}
 	return r
 }
+
+// One viewer hides two DMs at once on two sessions: their member rows differ, so nothing orders
+// them before the viewer's state row. Both generations must count (target + 2): a bump that read
+// the target and then wrote read + 1 would lose one, and the second change would be published as
+// already done.
+func TestRaceBumpsOfOneViewerFromTwoDMs(t *testing.T) {
+	e := newEnv(t)
+	a, b, c := newUser(), newUser(), newUser()
+	ch1, ch2 := e.open(a, b), e.open(c, b)
+	before, _, _ := e.vis(b)
+	s1, s2 := e.session("hide1"), e.session("hide2")
+
+	s1.Begin()
+	s1.MustAccept(b.Event(t, 41012, nostr.Tags{{"h", ch1}}, ""))
+	s2.Begin()
+	var ok bool
+	var msg string
+	var err error
+	done := async(func() { ok, msg, err = s2.Accept(b.Event(t, 41012, nostr.Tags{{"h", ch2}}, "")) })
+	if !e.waitBlockedOrDone(s2.PID, done) {
+		t.Fatal("the second hide did not wait for the first one's uncommitted bump")
+	}
+	s1.Commit()
+	<-done
+	must(t, ok, msg, err)
+	s2.Commit()
+	e.assertAgree(b, before+2)
+}
