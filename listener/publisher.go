@@ -19,6 +19,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/hooks"
+	"github.com/buzzpg/buzzpg/internal/logx"
 	"github.com/buzzpg/buzzpg/internal/metrics"
 )
 
@@ -47,6 +48,8 @@ type Publisher struct {
 	pool *pgxpool.Pool
 	log  *slog.Logger
 	pub  string // relay pubkey (hex)
+
+	failLog logx.Sampler // publication failures: one line per interval during an outage
 
 	wake     chan struct{} // an idle worker claims now (notification, poll, due backoff, sweep)
 	sweepNow chan struct{} // repair, then wake (LISTEN (re)connected)
@@ -108,6 +111,7 @@ func NewPublisher(cfg PublisherConfig, pool *pgxpool.Pool) *Publisher {
 		sweepNow: make(chan struct{}, 1),
 		claims:   map[string]int{},
 		done:     make(chan struct{}),
+		failLog:  logx.Sampler{Every: 10 * time.Second},
 	}
 	p.pub, _ = nostr.GetPublicKey(cfg.RelaySecretKey)
 	return p
@@ -328,8 +332,12 @@ func (p *Publisher) handle(ctx context.Context, c claimed) {
 		}
 		p.stats.failed.Add(1)
 		metrics.Publications.WithLabelValues("failed").Inc()
-		p.log.Warn("snapshot publication failed; backing off", "viewer", c.viewer,
-			"attempts", c.attempts+1, "retry_in", p.backoffDelay(c.attempts), "err", err)
+		// A database outage fails every viewer: one line per 10 s, with the count.
+		if log, folded := p.failLog.Allow(time.Now()); log {
+			p.log.Warn("snapshot publication failed; backing off", "viewer", c.viewer,
+				"attempts", c.attempts+1, "retry_in", p.backoffDelay(c.attempts), "err", err,
+				"similar_since_last", folded)
+		}
 		// Tests stop the publisher here: it decided to release, shutdown may cut in.
 		hooks.At(context.WithValue(ctx, publisherKey{}, p.cfg.InstanceID), HookBeforeRelease)
 		// A release that fails while stopping leaves the claim to Close; at any other time the

@@ -34,7 +34,11 @@ func (c *conn) handleEvent(ev *nostr.Event) {
 		if c.ctx.Err() != nil {
 			return // the client is gone; nobody to answer
 		}
-		c.log.Error("accept_event failed", "id", ev.ID, "kind", ev.Kind, "sqlstate", db.SQLState(err), "err", err)
+		// Every event fails while the database is away: one line per 10 s, with the count.
+		if log, folded := c.s.acceptErrLog.Allow(time.Now()); log {
+			c.log.Error("accept_event failed", "id", ev.ID, "kind", ev.Kind, "sqlstate", db.SQLState(err), "err", err,
+				"similar_since_last", folded)
+		}
 		c.replyEvent(ev.ID, false, "error: could not store the event, try again later")
 		return
 	}

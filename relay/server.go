@@ -19,6 +19,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/evt"
+	"github.com/buzzpg/buzzpg/internal/logx"
 	"github.com/buzzpg/buzzpg/internal/metrics"
 )
 
@@ -37,6 +38,7 @@ type Server struct {
 	ipEvents      *ipLimiter // nil: unlimited
 	ipReqs        *ipLimiter
 	initial       byteBudget // initial REQ results held until sent, across connections
+	acceptErrLog  logx.Sampler
 
 	mu       sync.RWMutex
 	conns    map[*conn]struct{}
@@ -88,6 +90,7 @@ func New(cfg Config, acceptPool, queryPool *pgxpool.Pool) (*Server, error) {
 		s.relayPubkey = pk
 	}
 	s.initial.limit = cfg.InitialResultBudget
+	s.acceptErrLog.Every = 10 * time.Second
 	s.members = newMemberCache(memberCacheSize)
 	s.ipEvents = newIPLimiter(cfg.IPEventRate, cfg.EventBurst)
 	s.ipReqs = newIPLimiter(cfg.IPReqRate, cfg.ReqBurst)
