@@ -441,3 +441,24 @@ func TestSchedulerUnknownOutcomesEndAfterOneLease(t *testing.T) {
 	}
 	t.Logf("gave up after %s and %d confirm attempts", took.Round(time.Millisecond), attempts)
 }
+
+// The scheduler's LISTEN connection is killed: a reminder stored while it is away (its NOTIFY
+// reaches nobody) is found by the nudge on reconnect, and one stored after the reconnect by its
+// NOTIFY. MaxSleep is an hour and an earlier-armed reminder is far away, so without either the
+// scheduler would sleep on.
+func TestSchedulerListenReconnects(t *testing.T) {
+	e := newRemEnv(t)
+	e.store(time.Now().Unix() + 3000)
+	s := e.start("s1", SchedulerConfig{MaxSleep: time.Hour})
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE application_name = 'buzzpg-reminders:s1' AND datname = current_database()`); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitUntil(t, 10*time.Second, "the LISTEN connection seen lost", func() bool { return !s.listening.Load() })
+	away := e.store(time.Now().Unix()) // due now; the reconnect waits at least 100 ms
+	e.waitState(away.ID, "confirmed", 20*time.Second)
+	testenv.WaitUntil(t, 10*time.Second, "LISTEN again", s.listening.Load)
+	after := e.store(time.Now().Unix() + 1)
+	e.waitState(after.ID, "confirmed", 20*time.Second)
+}
