@@ -13,9 +13,7 @@ import (
 // pendingViewer returns a new viewer with one hidden DM, so its snapshot is owed.
 func (e *pubEnv) pendingViewer() string {
 	e.t.Helper()
-	_, viewer := testenv.NewKey()
-	x, _ := e.dm(viewer)
-	e.hide(viewer, x)
+	viewer, _ := e.hiddenViewer()
 	if g := e.gens(viewer); g.target <= g.published {
 		e.t.Fatalf("viewer %s not pending: %+v", short(viewer), g)
 	}

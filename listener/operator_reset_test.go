@@ -16,9 +16,7 @@ import (
 func TestOperatorResetOfVisibilityState(t *testing.T) {
 	e := newPubEnv(t)
 	ctx := context.Background()
-	_, viewer := testenv.NewKey()
-	x, _ := e.dm(viewer)
-	e.hide(viewer, x)
+	viewer, x := e.hiddenViewer()
 	e.exec(`DELETE FROM buzz.visibility_state WHERE viewer = $1`, viewer)
 	var rows int
 	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM buzz.visibility_outbox WHERE viewer = $1`, viewer).Scan(&rows); err != nil {
@@ -71,9 +69,7 @@ func TestOperatorResetFencesAnOlderRead(t *testing.T) {
 
 func olderReadAcrossReset(t *testing.T, changes int) {
 	e := newPubEnv(t)
-	_, viewer := testenv.NewKey()
-	x, _ := e.dm(viewer)
-	e.hide(viewer, x)
+	viewer, x := e.hiddenViewer()
 	e.unhide(viewer, x)
 	e.hide(viewer, x)
 	before := e.gens(viewer)
@@ -130,9 +126,7 @@ func olderReadAcrossReset(t *testing.T, changes int) {
 func TestOperatorResetRacingAChange(t *testing.T) {
 	e := newPubEnv(t)
 	ctx := context.Background()
-	_, viewer := testenv.NewKey()
-	x, _ := e.dm(viewer)
-	e.hide(viewer, x)
+	viewer, x := e.hiddenViewer()
 	e.unhide(viewer, x)
 	e.hide(viewer, x)
 
@@ -144,26 +138,19 @@ func TestOperatorResetRacingAChange(t *testing.T) {
 	if _, err := reset.Exec(ctx, `DELETE FROM buzz.visibility_state WHERE viewer = $1`, viewer); err != nil {
 		t.Fatal(err)
 	}
-	change, err := e.pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer change.Release()
-	var pid int32
-	if err := change.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { _, err := change.Exec(ctx, `SELECT buzz.unhide_dm($1, $2::uuid)`, viewer, x); done <- err }()
-	testenv.WaitUntil(t, 10*time.Second, "the change waits for the reset", func() bool {
-		var waiting bool
-		_ = e.pool.QueryRow(ctx, `SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting)
-		return waiting
+	change := testenv.NewSession(t, e.url, "change")
+	var changeErr error
+	done := testenv.Async(func() {
+		_, changeErr = change.Conn.Exec(ctx, `SELECT buzz.unhide_dm($1, $2::uuid)`, viewer, x)
 	})
+	if !testenv.WaitBlockedOrDone(t, e.pool, change.PID, done) {
+		t.Fatal("the change did not wait for the uncommitted reset")
+	}
 	if err := reset.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-done; !db.Retryable(err) {
+	<-done
+	if err := changeErr; !db.Retryable(err) {
 		g := e.gens(viewer)
 		t.Fatalf("the change racing the reset: err %v, published %d, target %d; want a retryable refusal", err, g.published, g.target)
 	}
@@ -177,9 +164,7 @@ func TestOperatorResetRacingAChange(t *testing.T) {
 // truncated state restarts above it like a deleted row.
 func TestOperatorTruncateOfVisibilityState(t *testing.T) {
 	e := newPubEnv(t)
-	_, viewer := testenv.NewKey()
-	x, _ := e.dm(viewer)
-	e.hide(viewer, x)
+	viewer, x := e.hiddenViewer()
 	e.unhide(viewer, x)
 	e.exec(`TRUNCATE buzz.visibility_state CASCADE`)
 	e.hide(viewer, x)

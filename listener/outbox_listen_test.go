@@ -184,9 +184,7 @@ func TestSnapshotListenBeforeReconnectSweep(t *testing.T) {
 	})
 
 	// New work after the sweep; nothing but its notification can wake a worker now.
-	_, viewer := testenv.NewKey()
-	ch, _ := e.dm(viewer)
-	e.hide(viewer, ch)
+	viewer, _ := e.hiddenViewer()
 	close(tr.work)
 	deadline := time.Now().Add(10 * time.Second) // the next periodic sweep is an hour away
 	for {

@@ -80,6 +80,15 @@ func (e *pubEnv) dm(viewer string) (channel, other string) {
 	return channel, other
 }
 
+// hiddenViewer is a fresh viewer with one DM, hidden: generation 1, pending.
+func (e *pubEnv) hiddenViewer() (viewer, channel string) {
+	e.t.Helper()
+	_, viewer = testenv.NewKey()
+	channel, _ = e.dm(viewer)
+	e.hide(viewer, channel)
+	return viewer, channel
+}
+
 func (e *pubEnv) hide(viewer, channel string) {
 	e.t.Helper()
 	e.exec(`SELECT buzz.hide_dm($1, $2::uuid)`, viewer, channel)

@@ -377,9 +377,7 @@ func TestSnapshotSQLHidesConverge(t *testing.T) {
 func TestSnapshotKeyRotation(t *testing.T) {
 	e := newPubEnv(t)
 	ctx := context.Background()
-	_, viewer := testenv.NewKey()
-	x, _ := e.dm(viewer)
-	e.hide(viewer, x)
+	viewer, x := e.hiddenViewer()
 	k1 := e.dbNow() + 4
 	if out, err := PublishSigned(ctx, e.pool, viewer, e.gens(viewer).target, signedSnapshot(t, e.sk, viewer, []string{x}, k1)); err != nil || out != OutcomePublished {
 		t.Fatalf("K1 snapshot: %q %v", out, err)

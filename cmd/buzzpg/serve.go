@@ -251,11 +251,7 @@ func serve(cfg serveConfig, log *slog.Logger) error {
 		_ = srv.Shutdown(sctx)
 	}
 	cancelComps()
-	stopped := make(chan struct{})
-	go func() { wg.Wait(); close(stopped) }()
-	select {
-	case <-stopped:
-	case <-time.After(componentStopGrace):
+	if !finishedWithin(componentStopGrace, wg.Wait) {
 		// E.g. the scheduler resolving a commit whose outcome is unknown (it may take up to its
 		// lease). The Close of a stuck component gives up after its own few seconds, and what
 		// it holds waits out its lease; the others still give their claims back.
@@ -394,12 +390,20 @@ func probeListen(addr string) error {
 // closePool closes a pool without letting a component that never gave its connection back hold
 // the exit: pgxpool's Close waits for every acquired connection.
 func closePool(name string, p *pgxpool.Pool, log *slog.Logger) {
+	if !finishedWithin(releaseGrace, p.Close) {
+		log.Warn("a database pool did not close in time; exiting without it", "pool", name)
+	}
+}
+
+// finishedWithin runs fn and reports whether it returned within d; if not, fn goes on alone.
+func finishedWithin(d time.Duration, fn func()) bool {
 	done := make(chan struct{})
-	go func() { p.Close(); close(done) }()
+	go func() { fn(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(releaseGrace):
-		log.Warn("a database pool did not close in time; exiting without it", "pool", name)
+		return true
+	case <-time.After(d):
+		return false
 	}
 }
 
