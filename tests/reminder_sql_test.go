@@ -293,6 +293,73 @@ func TestReminderClaimOnlyWhenDue(t *testing.T) {
 	}
 }
 
+// Which arms wake the schedulers (sql/0013). Schedulers sleep until the earliest armed reminder,
+// so a reminder due after one they already sleep until stays quiet (NOTIFY serialises commits).
+// But an earlier reminder that is due now may be mid-claim: the scheduler would ask for its next
+// wake-up before the new row commits, and sleep MaxSleep with it due. So an arm stays quiet only
+// behind an earlier reminder due more than a second from now. Notifications come in commit order,
+// so a marker sent after each step closes the list of what that step sent.
+func TestReminderArmWakesSchedulersUnlessOneIsComing(t *testing.T) {
+	url := testenv.FreshDB(t)
+	pool := testenv.Pool(t, url)
+	ctx := context.Background()
+	listen := testenv.NewSession(t, url, "rem-listen")
+	if _, err := listen.Conn.Exec(ctx, `LISTEN buzz_reminders`); err != nil {
+		t.Fatal(err)
+	}
+	marker := 0
+	sent := func() []string {
+		t.Helper()
+		marker++
+		m := fmt.Sprintf("marker-%d", marker)
+		if _, err := pool.Exec(ctx, `SELECT pg_notify('buzz_reminders', $1)`, m); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		for {
+			n, err := listen.Conn.WaitForNotification(wctx)
+			if err != nil {
+				t.Fatalf("waiting for %s: %v (so far %q)", m, err, got)
+			}
+			if n.Payload == m {
+				return got
+			}
+			got = append(got, n.Payload)
+		}
+	}
+	expect := func(step string, want ...string) {
+		t.Helper()
+		if got := sent(); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("%s: notified %q, want %q", step, got, want)
+		}
+	}
+	sk, _ := testenv.NewKey()
+	now := time.Now().Unix()
+	nb := func(n int64) string { return fmt.Sprint(n) }
+
+	remMustAccept(t, pool, remEvent(t, sk, now, "hour", remNB(now+3600)))
+	expect("the first armed reminder", nb(now+3600))
+	remMustAccept(t, pool, remEvent(t, sk, now, "two-hours", remNB(now+7200)))
+	expect("a reminder due after one the schedulers sleep until")
+	remMustAccept(t, pool, remEvent(t, sk, now, "half-hour", remNB(now+1800)))
+	expect("a reminder due before every other", nb(now+1800))
+
+	// A due reminder is being claimed (the claim not committed yet) while another one, due now
+	// too, is armed: the arm still sees the first one armed, and must not count on it.
+	due := remDue(t, pool)
+	expect("the due reminder", nb(int64(due.CreatedAt)-2))
+	claimer := testenv.NewSession(t, url, "rem-claimer")
+	claimer.Begin()
+	if remClaim(t, claimer.Tx, due) == nil {
+		t.Fatal("the due reminder could not be claimed")
+	}
+	remMustAccept(t, pool, remEvent(t, sk, now, "now", remNB(now)))
+	claimer.Commit()
+	expect("a reminder armed while an earlier due one is being claimed", nb(now))
+}
+
 // NIP-ER: deleting a reminder cancels it, by id (e tag) or by address (a tag), armed or already
 // claimed; a stale claimer can then confirm nothing. Someone else's deletion cancels nothing.
 func TestReminderDeletionCancels(t *testing.T) {
