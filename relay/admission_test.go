@@ -91,6 +91,17 @@ func TestConnectionCapsBehindAProxy(t *testing.T) {
 		if _, code := dialAs(tr, "203.0.113.9, 198.51.100.1"); code != http.StatusTooManyRequests {
 			t.Fatalf("a second connection of 198.51.100.1 with a forged entry in front: %d, want 429", code)
 		}
+		// IPv6 counts by /64, the block one host is usually given: another address in it is the
+		// same client, an address in the next /64 another one.
+		if _, code := dialAs(tr, "2001:db8:1:2::1"); code != 0 {
+			t.Fatalf("first IPv6 client: %d", code)
+		}
+		if _, code := dialAs(tr, "2001:db8:1:2:ffff::9"); code != http.StatusTooManyRequests {
+			t.Fatalf("another address in the same /64: %d, want 429", code)
+		}
+		if _, code := dialAs(tr, "2001:db8:1:3::1"); code != 0 {
+			t.Fatalf("an address in the next /64: %d, want admitted", code)
+		}
 	})
 	t.Run("untrusted peer", func(t *testing.T) {
 		tr := startRelay(t, func(c *Config) { c.MaxConnsPerIP = 1 })

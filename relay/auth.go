@@ -11,6 +11,10 @@ import (
 // handleAuth checks a NIP-42 kind 22242 event and, when valid, adds its pubkey to the
 // connection's authenticated set. The event is never stored or broadcast.
 func (c *conn) handleAuth(ev *nostr.Event) {
+	if !c.allowEvent("AUTH") {
+		c.sendOK(ev.ID, false, "rate-limited: slow down, too many events")
+		return
+	}
 	if reason := c.checkAuthEvent(ev); reason != "" {
 		c.sendOK(ev.ID, false, reason)
 		return
@@ -33,10 +37,8 @@ func (c *conn) handleAuth(ev *nostr.Event) {
 	c.sendOK(ev.ID, true, "")
 }
 
+// The cheap checks come first: a replayed or foreign AUTH costs no signature verification.
 func (c *conn) checkAuthEvent(ev *nostr.Event) string {
-	if reason := checkShapeAndSignature(ev); reason != "" {
-		return reason
-	}
 	if ev.Kind != nostr.KindClientAuthentication {
 		return "invalid: AUTH needs a kind 22242 event"
 	}
@@ -45,7 +47,7 @@ func (c *conn) checkAuthEvent(ev *nostr.Event) string {
 		return "invalid: challenge does not match"
 	}
 	relay := ev.Tags.GetFirst([]string{"relay", ""})
-	if relay == nil || len(*relay) < 2 || !sameRelayURL((*relay)[1], c.relayURL) {
+	if relay == nil || len(*relay) < 2 || c.relayURL == "" || !sameRelayURL((*relay)[1], c.relayURL) {
 		return "invalid: relay URL does not match"
 	}
 	now := timeNow()
@@ -53,7 +55,7 @@ func (c *conn) checkAuthEvent(ev *nostr.Event) string {
 	if t.Before(now.Add(-authWindow)) || t.After(now.Add(authWindow)) {
 		return "invalid: created_at must be within 10 minutes of now"
 	}
-	return ""
+	return checkShapeAndSignature(ev)
 }
 
 // sameRelayURL compares relay URLs the way clients write them: case-insensitive scheme and host,

@@ -39,6 +39,11 @@ func TestAuth(t *testing.T) {
 	forged := authEvent(sk1, c.challenge, tr.url, now)
 	forged.Sig = strings.Repeat("0", 128)
 	refused("bad signature", forged, "invalid:")
+	// The cheap checks run before the signature's: a replayed AUTH for another connection's
+	// challenge is turned away without a verification (which the message order shows).
+	foreign := authEvent(sk1, "another-connection", tr.url, now)
+	foreign.Sig = strings.Repeat("0", 128)
+	refused("foreign challenge, bad signature", foreign, "invalid: challenge does not match")
 	if got := c.authedList(t, tr); len(got) != 0 {
 		t.Fatalf("refused AUTHs authenticated %v", got)
 	}
@@ -109,5 +114,23 @@ func TestProtectedEvents(t *testing.T) {
 	}
 	if n := tr.eventCount(t, "id = $1 AND pubkey = $2", prot.ID, pk); n != 1 {
 		t.Fatal("accepted protected event not stored")
+	}
+}
+
+// Without a relay URL there is nothing an AUTH could be bound to (a Host header is the client's
+// choice): every AUTH is refused, one naming an empty relay URL too. serve refuses to start so.
+func TestAuthRefusedWithoutRelayURL(t *testing.T) {
+	tr := startRelay(t, func(c *Config) { c.RelayURL = "" })
+	c := tr.dial(t)
+	sk, _ := testenv.NewKey()
+	for _, u := range []string{"", "ws://" + c.ws.RemoteAddr().String()} {
+		ev := authEvent(sk, c.challenge, u, nostr.Now())
+		c.sendJSON("AUTH", ev)
+		if r := parseOK(t, c.expect("OK")); r.ok || !strings.HasPrefix(r.msg, "invalid: relay URL") {
+			t.Fatalf("AUTH naming relay %q: %+v", u, r)
+		}
+	}
+	if got := c.authedList(t, tr); len(got) != 0 {
+		t.Fatalf("authenticated %v", got)
 	}
 }

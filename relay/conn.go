@@ -47,7 +47,7 @@ type conn struct {
 	// deadline on the socket, cutting short a batch write blocked on a slow reader.
 	pong chan string
 
-	ip          string
+	ip          string       // what per-IP caps and rates count (limitKey): the address, or its /64 for IPv6
 	eventBucket *tokenBucket // read loop only
 	reqBucket   *tokenBucket
 	// limitedStreak counts refusals in a row (read loop only).
@@ -59,7 +59,7 @@ type conn struct {
 	writerDone  chan struct{}
 }
 
-func newConn(s *Server, ws *websocket.Conn, r *http.Request, relayURL, ip string) *conn {
+func newConn(s *Server, ws *websocket.Conn, r *http.Request, relayURL, ip, key string) *conn {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	ctx, cancel := context.WithCancel(context.Background())
@@ -77,7 +77,7 @@ func newConn(s *Server, ws *websocket.Conn, r *http.Request, relayURL, ip string
 		querySem:   make(chan struct{}, s.cfg.MaxQueriesInFlight),
 		writerDone: make(chan struct{}),
 		pong:       make(chan string, 1),
-		ip:         ip,
+		ip:         key,
 	}
 	if s.cfg.EventRate > 0 {
 		c.eventBucket = newTokenBucket(s.cfg.EventRate, s.cfg.EventBurst)

@@ -21,7 +21,7 @@ const kindSnapshot = 30622 // NIP-DV visibility snapshot: relay-signed only
 // limits), then the one SQL call whose verdict goes back verbatim. Live delivery is not done
 // here: it comes through Deliver from the replication tail, for this process and all others.
 func (c *conn) handleEvent(ev *nostr.Event) {
-	if !c.allowEvent() {
+	if !c.allowEvent("EVENT") {
 		c.replyEvent(ev.ID, false, "rate-limited: slow down, too many events")
 		return
 	}

@@ -10,7 +10,7 @@ import (
 // Config configures a Server. Zero values take the defaults below; every limit enforced here is
 // advertised in the NIP-11 document so clients can stay inside it.
 type Config struct {
-	RelayURL         string // for the NIP-42 relay tag check; empty: ws://<Host header>
+	RelayURL         string // for the NIP-42 relay tag check; empty: every AUTH is refused
 	RelaySecretKey   string // hex; its pubkey goes into NIP-11
 	Name             string
 	Description      string

@@ -30,6 +30,12 @@ func TestRateLimits(t *testing.T) {
 	if n := tr.eventCount(t, "id = $1", third.ID); n != 0 {
 		t.Fatal("rate-limited event stored")
 	}
+	// AUTH draws on the same bucket: each costs a signature check.
+	auth := authEvent(sk, c.challenge, tr.url, now)
+	c.sendJSON("AUTH", auth)
+	if r := parseOK(t, c.expect("OK")); r.ok || !strings.HasPrefix(r.msg, "rate-limited:") {
+		t.Fatalf("AUTH past the EVENT budget: %+v", r)
+	}
 	c.req("a", nostr.Filter{Authors: []string{pk}})
 	c.req("b", nostr.Filter{Authors: []string{pk}})
 	if _, closed := c.reqOrClosed("c", nostr.Filter{Authors: []string{pk}}); !strings.HasPrefix(closed, "rate-limited:") {

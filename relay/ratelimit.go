@@ -118,6 +118,21 @@ func (s *Server) clientIP(r *http.Request) string {
 	return addr.String()
 }
 
+// limitKey is what per-IP caps and rates count for a client address: the address itself, or for
+// IPv6 its /64. One host is commonly given a whole /64, so counting addresses would let it open
+// as many "clients" as it likes.
+func limitKey(ip string) string {
+	a, err := netip.ParseAddr(ip)
+	if err != nil || a.Unmap().Is4() {
+		return ip
+	}
+	p, err := a.Prefix(64)
+	if err != nil {
+		return ip
+	}
+	return p.String()
+}
+
 // parseHop reads one X-Forwarded-For entry: an address, or address:port as some balancers write it.
 func parseHop(h string) (netip.Addr, bool) {
 	if a, err := netip.ParseAddr(h); err == nil {
@@ -139,10 +154,11 @@ func (s *Server) trustedProxy(a netip.Addr) bool {
 	return false
 }
 
-func (c *conn) allowEvent() bool {
+// allowEvent charges EVENT and AUTH alike: each costs a signature check.
+func (c *conn) allowEvent(verb string) bool {
 	now := timeNow()
 	if !c.eventBucket.allow(now) || !c.s.ipEvents.allow(c.ip, now) {
-		metrics.RateLimited.WithLabelValues("EVENT").Inc()
+		metrics.RateLimited.WithLabelValues(verb).Inc()
 		c.limited()
 		return false
 	}

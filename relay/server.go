@@ -123,15 +123,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		ip := s.clientIP(r)
-		if !s.admit(w, ip) {
+		key := limitKey(ip)
+		if !s.admit(w, key) {
 			return
 		}
 		ws, err := s.upgrader.Upgrade(w, r, nil)
 		if err != nil {
-			s.unadmit(ip)
+			s.unadmit(key)
 			return // the upgrader already answered with an HTTP error
 		}
-		s.serveConn(ws, r, ip)
+		s.serveConn(ws, r, ip, key)
 		return
 	}
 	if strings.Contains(r.Header.Get("Accept"), "application/nostr+json") || r.Method == http.MethodOptions {
@@ -142,13 +143,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte("buzzpg nostr relay: connect with a WebSocket client, or ask for Accept: application/nostr+json\n"))
 }
 
-// serveConn runs an upgraded connection that holds an admission slot for ip.
-func (s *Server) serveConn(ws *websocket.Conn, r *http.Request, ip string) {
-	relayURL := s.cfg.RelayURL
-	if relayURL == "" {
-		relayURL = "ws://" + r.Host
-	}
-	c := newConn(s, ws, r, relayURL, ip)
+// serveConn runs an upgraded connection that holds an admission slot for key (limitKey of ip).
+func (s *Server) serveConn(ws *websocket.Conn, r *http.Request, ip, key string) {
+	c := newConn(s, ws, r, s.cfg.RelayURL, ip, key)
 	s.mu.Lock()
 	if s.closing.Load() {
 		s.mu.Unlock()

@@ -47,6 +47,7 @@ type serveConfig struct {
 	DBWait           time.Duration
 	ReminderBatch    int
 	DebugListen      string
+	MetricsListen    string
 	TrustedProxies   []netip.Prefix
 	ResultBudgetMB   int // initial REQ results held in memory until sent, across connections
 }
@@ -140,6 +141,7 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	fs.IntVar(&c.IPMaxConns, "ip-max-conns", envInt("BUZZ_IP_MAX_CONNS", 1000), "open WebSocket connections per client IP; over it upgrades get 429 (BUZZ_IP_MAX_CONNS)")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", envDur("BUZZ_SHUTDOWN_GRACE", 10*time.Second), "how long graceful shutdown may take (BUZZ_SHUTDOWN_GRACE)")
 	fs.IntVar(&c.ReminderBatch, "reminder-batch", envInt("BUZZ_REMINDER_BATCH", 1000), "reminders claimed and confirmed per transaction (BUZZ_REMINDER_BATCH)")
+	fs.StringVar(&c.MetricsListen, "metrics-listen", envStr("BUZZ_METRICS_LISTEN", ""), "address for /metrics and a detailed /readyz, off when empty; keep it private (BUZZ_METRICS_LISTEN)")
 	fs.StringVar(&c.DebugListen, "debug-listen", envStr("BUZZ_DEBUG_LISTEN", ""), "address for Go's /debug/pprof profiles, off when empty; keep it private (BUZZ_DEBUG_LISTEN)")
 	fs.DurationVar(&c.DBWait, "db-wait", envDur("BUZZ_DB_WAIT", 30*time.Second), "how long to wait for PostgreSQL at start, e.g. while it restarts (BUZZ_DB_WAIT)")
 	fs.IntVar(&c.ResultBudgetMB, "result-budget-mb", envInt("BUZZ_RESULT_BUDGET_MB", 256), "MiB of REQ initial results held in memory until sent, across connections; answers beyond it are cut short (BUZZ_RESULT_BUDGET_MB)")
@@ -162,6 +164,12 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	}
 	if err := c.checkRanges(); err != nil {
 		return c, err
+	}
+	// NIP-42 binds an AUTH to the relay URL the client signed. Without BUZZ_RELAY_URL on a
+	// wildcard address the only candidate is the request's Host header, which the client writes:
+	// a malicious relay could then have its own users sign AUTHs that are good here.
+	if c.RelayURL == "" && !c.NoRelay && wildcardHost(c.Listen) {
+		return c, fmt.Errorf("BUZZ_RELAY_URL is not set and BUZZ_LISTEN=%s names no host: set BUZZ_RELAY_URL to the URL clients use (e.g. wss://relay.example.com), which NIP-42 AUTH checks", c.Listen)
 	}
 	if c.DatabaseURL == "" {
 		return c, fmt.Errorf("DATABASE_URL is not set: point it at PostgreSQL (make run starts a private cluster and sets it)")

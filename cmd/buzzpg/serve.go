@@ -128,9 +128,6 @@ func serve(cfg serveConfig, log *slog.Logger) error {
 	addr := ln.Addr().String()
 	if cfg.RelayURL == "" {
 		cfg.RelayURL = defaultRelayURL(cfg.Listen, addr)
-		if cfg.RelayURL == "" {
-			log.Warn("BUZZ_RELAY_URL is not set and BUZZ_LISTEN has no host: NIP-42 AUTH accepts the relay tag ws://<the request's Host header>; set BUZZ_RELAY_URL to the URL clients use", "listen", cfg.Listen)
-		}
 	}
 
 	var (
@@ -286,13 +283,13 @@ const (
 // defaultRelayURL is the NIP-42 relay URL when BUZZ_RELAY_URL is unset: ws:// + BUZZ_LISTEN as
 // written (clients type the host the operator typed, e.g. localhost, not what it resolves to),
 // with the chosen port when the port is 0. A wildcard host (":7777", "0.0.0.0:7777") names no
-// URL a client could use: "" leaves the relay to take the request's Host header.
+// URL a client could use: "" (serve refuses to start that way; see parseServeConfig).
 func defaultRelayURL(listen, bound string) string {
 	host, port, err := net.SplitHostPort(listen)
 	if err != nil {
 		return "ws://" + bound
 	}
-	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+	if wildcardHost(listen) {
 		return ""
 	}
 	if port == "0" || port == "" {
@@ -301,6 +298,16 @@ func defaultRelayURL(listen, bound string) string {
 		}
 	}
 	return "ws://" + net.JoinHostPort(host, port)
+}
+
+// wildcardHost reports whether listen binds every interface (":7777", "0.0.0.0:7777", "[::]:7777").
+func wildcardHost(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return host == "" || (ip != nil && ip.IsUnspecified())
 }
 
 // untilSlot answers 503 until the fan-out's replication slot exists. A client served before then

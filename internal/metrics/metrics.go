@@ -102,7 +102,7 @@ func init() {
 	for _, v := range []string{"insert", "ephemeral", "due"} {
 		FanoutDelivered.WithLabelValues(v)
 	}
-	for _, v := range []string{"EVENT", "REQ", "COUNT"} {
+	for _, v := range []string{"EVENT", "AUTH", "REQ", "COUNT"} {
 		RateLimited.WithLabelValues(v)
 	}
 }

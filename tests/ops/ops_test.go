@@ -90,6 +90,7 @@ func TestStartupErrorsSayWhatToDo(t *testing.T) {
 	defer busy.Close()
 	cases = append(cases,
 		startupCase{"port in use", []string{"DATABASE_URL=" + good, "BUZZ_RELAY_KEY=" + key, "BUZZ_LISTEN=" + busy.Addr().String()}, "set BUZZ_LISTEN to a free address"},
+		startupCase{"wildcard listen without a relay URL", []string{"DATABASE_URL=" + good, "BUZZ_RELAY_KEY=" + key, "BUZZ_LISTEN=0.0.0.0:0", "BUZZ_RELAY_URL="}, "set BUZZ_RELAY_URL to the URL clients use"},
 		startupCase{"zero duration", []string{"DATABASE_URL=" + good, "BUZZ_RELAY_KEY=" + key, "BUZZ_REMINDER_HORIZON=0s"}, "BUZZ_REMINDER_HORIZON=0s must be at least"},
 	)
 	for _, c := range cases {
