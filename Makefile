@@ -1,4 +1,4 @@
-# buzzpg: `make run` serves a relay on ws://127.0.0.1:7777; `make test` runs every test.
+# buzzpg: `make run` serves a relay on ws://127.0.0.1:7777 (metrics on 127.0.0.1:7778); `make test` runs every test.
 # Both start (or reuse) a private PostgreSQL cluster under .data/pg with wal_level=logical.
 # DATABASE_URL points them at an existing server instead.
 
@@ -45,7 +45,7 @@ psql: db-start
 	$(BIN) keygen --out .data/relay.key
 
 run: db-start build .data/relay.key
-	DATABASE_URL="$(DB_URL)" BUZZ_LISTEN="$${BUZZ_LISTEN:-$(LISTEN)}" \
+	DATABASE_URL="$(DB_URL)" BUZZ_LISTEN="$${BUZZ_LISTEN:-$(LISTEN)}" BUZZ_METRICS_LISTEN="$${BUZZ_METRICS_LISTEN-127.0.0.1:7778}" \
 	  BUZZ_RELAY_KEY_FILE="$${BUZZ_RELAY_KEY_FILE:-.data/relay.key}" $(BIN) serve
 
 # Tests create their own databases (cloned from a migrated template) on the same server.

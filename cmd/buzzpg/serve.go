@@ -9,12 +9,12 @@ import (
 	"net/http"
 	"os/signal"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/buzzpg/buzzpg/internal/db"
 	"github.com/buzzpg/buzzpg/internal/metrics"
@@ -72,6 +72,17 @@ func serve(cfg serveConfig, log *slog.Logger) error {
 	// checks are refused, not left hanging in the backlog, while it starts.
 	if err := probeListen(cfg.Listen); err != nil {
 		return err
+	}
+	// The operator listener serves from now on: /metrics is useful while start-up waits (for
+	// PostgreSQL, for migrations), and its /readyz says what it waits for.
+	var opsReady atomic.Pointer[func(context.Context) (string, error)]
+	if cfg.MetricsListen != "" {
+		opsLn, err := net.Listen("tcp", cfg.MetricsListen)
+		if err != nil {
+			return fmt.Errorf("cannot listen on %s: %w (set BUZZ_METRICS_LISTEN to a free address, or empty to turn it off)", cfg.MetricsListen, err)
+		}
+		opsSrv := serveOps(opsLn, &opsReady, log)
+		defer func() { _ = opsSrv.Close() }()
 	}
 	if err := db.WaitReachable(ctx, cfg.DatabaseURL, cfg.DBWait, log); err != nil {
 		return err
@@ -185,18 +196,24 @@ func serve(cfg serveConfig, log *slog.Logger) error {
 	serveDebug(cfg.DebugListen, log)
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
+	ready := func(ctx context.Context) (string, error) { return readiness(ctx, accept, fanout) }
+	opsReady.Store(&ready)
+	// The public /readyz says what is wrong, not why: a database error names hosts and users.
+	// Metrics stay off this listener (BUZZ_METRICS_LISTEN): counters that move when a message
+	// resurfaces a DM would tell anyone that somebody had hidden it.
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
-		if msg := readiness(r.Context(), accept, fanout); msg != "" {
-			http.Error(w, msg, http.StatusServiceUnavailable)
+		if reason, _ := ready(r.Context()); reason != "" {
+			http.Error(w, reason, http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	mux.Handle("/metrics", promhttp.Handler())
 	if srv != nil {
 		mux.Handle("/", untilSlot(fanout.SlotReady(), srv))
 	}
-	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	// IdleTimeout: a keep-alive connection (after /healthz, NIP-11 or a refused upgrade) holds
+	// a file descriptor and counts against no cap; upgraded WebSockets are not affected.
+	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 60 * time.Second}
 
 	// Components run until ctx ends; a component that fails for good stops the process.
 	compCtx, cancelComps := context.WithCancel(context.Background())
@@ -424,17 +441,19 @@ func checkWalLevel(ctx context.Context, url string) error {
 	return listener.CheckWalLevel(ctx, conn)
 }
 
-func readiness(ctx context.Context, pool *pgxpool.Pool, fanout *listener.Fanout) string {
+// readiness returns what keeps the process from being ready ("" when ready) and, where there
+// is one, the error behind it.
+func readiness(ctx context.Context, pool *pgxpool.Pool, fanout *listener.Fanout) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if err := pool.Ping(ctx); err != nil {
-		return "database unreachable: " + err.Error()
+		return "database unreachable", err
 	}
 	if err := checkSchema(ctx, pool); err != nil {
-		return err.Error()
+		return "schema not current", err
 	}
 	if fanout != nil && !fanout.Ready() {
-		return "replication stream not attached"
+		return "replication stream not attached", nil
 	}
-	return ""
+	return "", nil
 }

@@ -149,13 +149,28 @@ func get(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// Metrics are served on BUZZ_METRICS_LISTEN only: on the public listener, counters that move
+// when a message resurfaces a DM would tell a member that another had hidden it.
 func TestHealthReadyAndMetrics(t *testing.T) {
-	r := testenv.StartRelay(t, testenv.RelayOpts{})
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opsAddr := free.Addr().String()
+	free.Close()
+	url := testenv.FreshDB(t)
+	r := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: url, Env: map[string]string{"BUZZ_METRICS_LISTEN": opsAddr}})
+	ops := "http://" + opsAddr
+	for _, base := range []string{r.HTTPURL, ops} {
+		if code, body := get(t, base+"/readyz"); code != 200 {
+			t.Fatalf("%s/readyz %d %s", base, code, body)
+		}
+	}
 	if code, _ := get(t, r.HTTPURL+"/healthz"); code != 200 {
 		t.Fatalf("/healthz %d", code)
 	}
-	if code, body := get(t, r.HTTPURL+"/readyz"); code != 200 {
-		t.Fatalf("/readyz %d %s", code, body)
+	if code, body := get(t, r.HTTPURL+"/metrics"); code != http.StatusNotFound {
+		t.Fatalf("public /metrics: %d, want 404:\n%.200s", code, body)
 	}
 	// Publish one event so the counters move, then scrape.
 	c := r.Connect(t)
@@ -170,7 +185,7 @@ func TestHealthReadyAndMetrics(t *testing.T) {
 	var code int
 	var body string
 	testenv.WaitUntil(t, 10*time.Second, "fan-out counter", func() bool {
-		code, body = get(t, r.HTTPURL+"/metrics")
+		code, body = get(t, ops+"/metrics")
 		return code == 200 && fanned.MatchString(body)
 	})
 	// Sample lines (not HELP/TYPE comments) that must be present.
@@ -188,6 +203,18 @@ func TestHealthReadyAndMetrics(t *testing.T) {
 		if !regexp.MustCompile(want).MatchString(body) {
 			t.Errorf("/metrics has no sample matching %s", want)
 		}
+	}
+
+	// Not ready: the public /readyz names what is wrong, the private one also why.
+	pool := testenv.Pool(t, url)
+	if _, err := pool.Exec(context.Background(), `UPDATE `+db.MigrationsTable+` SET dirty = true`); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := get(t, r.HTTPURL+"/readyz"); code != http.StatusServiceUnavailable || strings.TrimSpace(body) != "schema not current" {
+		t.Errorf("public /readyz of a dirty schema: %d %q, want 503 \"schema not current\" alone", code, body)
+	}
+	if code, body := get(t, ops+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "schema not current: schema:") {
+		t.Errorf("private /readyz of a dirty schema: %d %q, want 503 with the reason", code, body)
 	}
 }
 
