@@ -42,6 +42,7 @@ func (s *Server) Deliver(d evt.Delivery) {
 		return ok
 	}
 	var js []byte // built on first match, shared by all connections
+	ix := newTagIndex(d.Event)
 	for _, c := range s.snapshotConns() {
 		if !d.Scope.Readable(d.Event.PubKey, c.authedList(), isMember) {
 			continue
@@ -49,7 +50,7 @@ func (s *Server) Deliver(d evt.Delivery) {
 		if js == nil {
 			js = eventJSON(d.Event)
 		}
-		c.deliver(d, js)
+		c.deliver(d, js, ix)
 	}
 }
 
@@ -98,7 +99,7 @@ func (s *Server) deliveryMembers(d evt.Delivery) (members []string, ok bool) {
 }
 
 // deliver enqueues ev on each matching subscription of c.
-func (c *conn) deliver(d evt.Delivery, js []byte) {
+func (c *conn) deliver(d evt.Delivery, js []byte, ix tagIndex) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if d.Due {
@@ -112,7 +113,7 @@ func (c *conn) deliver(d evt.Delivery, js []byte) {
 	}
 	id := keyOf(d.Event.ID)
 	for _, sub := range c.subs {
-		if !sub.matchesAny(d) {
+		if !sub.matchesAny(d, ix) {
 			continue
 		}
 		sub.mu.Lock()
@@ -132,9 +133,9 @@ func (c *conn) deliver(d evt.Delivery, js []byte) {
 	}
 }
 
-func (s *subscription) matchesAny(d evt.Delivery) bool {
+func (s *subscription) matchesAny(d evt.Delivery, ix tagIndex) bool {
 	for _, f := range s.filters {
-		if f.matches(d.Event, d.Due) {
+		if f.matchesIndexed(d.Event, ix, d.Due) {
 			return true
 		}
 	}

@@ -88,6 +88,12 @@ func compileFilter(f nostr.Filter, lim filterLimits) (*compiledFilter, error) {
 				return nil, filterError("tag values must be valid UTF-8 without NUL")
 			}
 			tc.values = append(tc.values, v)
+		}
+		// Sorted: live matching binary-searches them (a linear scan made an event with many tags
+		// cost tags × values per filter on the one fan-out goroutine).
+		slices.Sort(tc.values)
+		tc.values = slices.Compact(tc.values)
+		for _, v := range tc.values {
 			tc.tagvals = append(tc.tagvals, letter+":"+v)
 		}
 		if len(tc.values) == 0 {
@@ -164,8 +170,23 @@ func (cf *compiledFilter) hasTag(letter string) bool {
 	return false
 }
 
+// values counts the listed values, what a connection's filters may hold in total
+// (maxConnFilterValues).
+func (cf *compiledFilter) values() int {
+	n := len(cf.ids) + len(cf.authors) + len(cf.kinds)
+	for _, tc := range cf.tags {
+		n += len(tc.values)
+	}
+	return n
+}
+
 // matches reports whether ev matches; ignoreTime skips since/until (NIP-ER due signals).
 func (cf *compiledFilter) matches(ev *nostr.Event, ignoreTime bool) bool {
+	return cf.matchesIndexed(ev, nil, ignoreTime)
+}
+
+// matchesIndexed is matches with ev's tags indexed (newTagIndex; nil for few tags).
+func (cf *compiledFilter) matchesIndexed(ev *nostr.Event, ix tagIndex, ignoreTime bool) bool {
 	if cf.none {
 		return false
 	}
@@ -189,7 +210,7 @@ func (cf *compiledFilter) matches(ev *nostr.Event, ignoreTime bool) bool {
 		}
 	}
 	for _, tc := range cf.tags {
-		if !eventHasTag(ev, tc.letter, tc.values) {
+		if !eventHasTag(ev, ix, tc) {
 			return false
 		}
 	}
@@ -201,9 +222,45 @@ func sortedContains(sorted []string, s string) bool {
 	return ok
 }
 
-func eventHasTag(ev *nostr.Event, letter string, values []string) bool {
+// tagIndex holds an event's (letter, value) pairs of single-letter tags, built once per delivered
+// event when it has many tags, so that a condition costs at most its own value count.
+type tagIndex map[tagKey]struct{}
+
+type tagKey struct {
+	letter byte
+	value  string
+}
+
+// indexTagsFrom: below this many tags a scan is as cheap as building the index.
+const indexTagsFrom = 16
+
+func newTagIndex(ev *nostr.Event) tagIndex {
+	if len(ev.Tags) < indexTagsFrom {
+		return nil
+	}
+	ix := make(tagIndex, len(ev.Tags))
 	for _, t := range ev.Tags {
-		if len(t) >= 2 && t[0] == letter && slices.Contains(values, t[1]) {
+		if len(t) >= 2 && len(t[0]) == 1 {
+			ix[tagKey{t[0][0], t[1]}] = struct{}{}
+		}
+	}
+	return ix
+}
+
+// eventHasTag: each of the event's tags is looked up in the condition's sorted values, or, when
+// the event is indexed and the condition has fewer values than the event has tags, each value in
+// the index. Either way the cost is bounded by the smaller side, not their product.
+func eventHasTag(ev *nostr.Event, ix tagIndex, tc tagCond) bool {
+	if ix != nil && len(tc.values) < len(ev.Tags) {
+		for _, v := range tc.values {
+			if _, ok := ix[tagKey{tc.letter[0], v}]; ok {
+				return true
+			}
+		}
+		return false
+	}
+	for _, t := range ev.Tags {
+		if len(t) >= 2 && t[0] == tc.letter && sortedContains(tc.values, t[1]) {
 			return true
 		}
 	}

@@ -52,7 +52,10 @@ type Config struct {
 const (
 	maxSubIDLength  = 64   // NIP-01
 	maxFilterValues = 1000 // per ids/authors/kinds/#x list of one filter: a "huge filter" beyond this is refused
-	maxAuthPubkeys  = 16   // pubkeys authenticated on one connection
+	// maxConnFilterValues bounds the values all live subscriptions of one connection list together
+	// (32 subscriptions × 16 filters × 1,000 values would be 512,000 to check per event).
+	maxConnFilterValues = 10000
+	maxAuthPubkeys      = 16 // pubkeys authenticated on one connection
 	// maxDeletionTargets bounds the e and a tags of one kind 5 (see deletionTargets): with the
 	// default 16 acceptance connections a process holds at most about 1,600 such locks, a fifth of
 	// a stock server's lock table (64 x 122 entries).

@@ -33,13 +33,26 @@ func (c *conn) handleReq(subID string, filters []nostr.Filter) {
 		return
 	}
 
+	sub := newSubscription(c.ctx, subID, cfs)
 	c.mu.Lock()
 	if len(c.subs) >= c.s.cfg.MaxSubscriptions {
 		c.mu.Unlock()
+		sub.close()
 		c.sendClosed(subID, fmt.Sprintf("restricted: too many subscriptions (max %d)", c.s.cfg.MaxSubscriptions))
 		return
 	}
-	sub := newSubscription(c.ctx, subID, cfs)
+	// Every live event is matched against every subscription on one goroutine: the values a
+	// connection's filters hold in total bound what it costs there.
+	held := sub.values
+	for _, other := range c.subs {
+		held += other.values
+	}
+	if held > maxConnFilterValues {
+		c.mu.Unlock()
+		sub.close()
+		c.sendClosed(subID, fmt.Sprintf("restricted: too many filter values across this connection's subscriptions (max %d); close some first", maxConnFilterValues))
+		return
+	}
 	c.subs[subID] = sub
 	c.mu.Unlock()
 	hooks.At(sub.ctx, "relay.req.registered")

@@ -13,6 +13,7 @@ import (
 type subscription struct {
 	id      string
 	filters []*compiledFilter
+	values  int    // listed values across filters (maxConnFilterValues)
 	prefix  []byte // `["EVENT","<id>",`
 
 	ctx    context.Context // ends when the subscription is closed or replaced
@@ -26,9 +27,14 @@ type subscription struct {
 func newSubscription(parent context.Context, id string, filters []*compiledFilter) *subscription {
 	ctx, cancel := context.WithCancel(parent)
 	metrics.Subscriptions.Inc()
+	values := 0
+	for _, f := range filters {
+		values += f.values()
+	}
 	return &subscription{
 		id:      id,
 		filters: filters,
+		values:  values,
 		prefix:  eventPrefix(id),
 		ctx:     ctx,
 		cancel:  cancel,
