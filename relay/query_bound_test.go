@@ -1,0 +1,148 @@
+package relay
+
+// Two read-side guards of DESIGN.md "Reads, limits and isolation": the per-connection bound on
+// queries in flight (conn.querySem, acquireQuery) and the read gate compiled into the SQL ahead
+// of LIMIT (filter_sql.go).
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+// Guard: acquireQuery (a semaphore of MaxQueriesInFlight per connection) before every REQ and
+// COUNT query. Without it one client's flood of queries takes the whole query pool and starves
+// every other connection's reads.
+//
+// The flooding connection is authenticated, so its gate reads buzz.members; a test transaction
+// holds an ACCESS EXCLUSIVE lock on that table, and each of its queries that starts waits for the
+// lock in PostgreSQL, where pg_stat_activity shows it. The other connection is anonymous: its gate
+// does not touch buzz.members, so its REQ runs. The barrier is "bound queries wait on the lock and
+// the read loop is parked in acquireQuery" or "more than bound queries wait": both are observed
+// states, so no sleep decides the outcome.
+func TestQueriesInFlightBoundedPerConnection(t *testing.T) {
+	const bound = 2
+	url := testenv.FreshDB(t) // only this test's queries in its pg_stat_activity rows
+	tr := startRelayOn(t, url, func(c *Config) {
+		c.MaxQueriesInFlight = bound
+		c.QueryTimeout = time.Minute // the test releases the queries itself
+	})
+	ctx := context.Background()
+	sk, pk := testenv.NewKey()
+	note := signed(sk, 1, "public", nostr.Now())
+	flood := tr.dial(t)
+	flood.mustAuth(sk, tr.url)
+	flood.mustPublish(note)
+	other := tr.dial(t)
+
+	lock := testenv.NewSession(t, url, "members-lock")
+	lock.Begin()
+	defer lock.Tx.Rollback(ctx)
+	if _, err := lock.Tx.Exec(ctx, `LOCK TABLE buzz.members IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+
+	// Twice the bound, REQs and COUNTs alternating: they share one bound.
+	f := nostr.Filter{Authors: []string{pk}, Kinds: []int{1}}
+	want := map[string]string{} // subscription id -> the answer's verb
+	for i := range 2 * bound {
+		id := fmt.Sprint("flood-", i)
+		verb := map[bool]string{true: "REQ", false: "COUNT"}[i%2 == 0]
+		flood.sendJSON(verb, id, f)
+		want[id] = map[string]string{"REQ": "EOSE", "COUNT": "COUNT"}[verb]
+	}
+
+	waiting := func() int {
+		var n int
+		if err := tr.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = $1 AND application_name = 'buzzpg-query:test' AND wait_event_type = 'Lock'`,
+			testenv.DatabaseName(url)).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	var n int
+	testenv.WaitUntil(t, 20*time.Second, "the flood's queries waiting on the lock", func() bool {
+		n = waiting()
+		return n > bound || (n == bound && boundReadLoopParkedInAcquire())
+	})
+	if n != bound {
+		t.Fatalf("%d queries of one connection in flight, the bound is %d", n, bound)
+	}
+
+	// Another connection is still answered meanwhile, and the flood has not grown.
+	sameIDs(t, "REQ of another connection while the flood waits", other.req("other", f), note)
+	if n := waiting(); n != bound {
+		t.Fatalf("%d queries of the flooding connection in flight after another connection's REQ, the bound is %d", n, bound)
+	}
+
+	// Released, every query of the flood is answered: the bound delays them, it drops none.
+	if err := lock.Tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for len(want) > 0 {
+		m := flood.read()
+		id := ""
+		if len(m) > 1 {
+			id = str(m[1])
+		}
+		switch v := flood.verb(m); {
+		case v == want[id]:
+			delete(want, id)
+		case v == "CLOSED" || v == "NOTICE":
+			t.Fatalf("flood answered with %s", joinRaw(m))
+		}
+	}
+}
+
+// boundReadLoopParkedInAcquire reports whether a connection's read loop is blocked in
+// acquireQuery: the next query waits for the bound instead of starting.
+func boundReadLoopParkedInAcquire() bool {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	for _, g := range bytes.Split(buf, []byte("\n\n")) {
+		if bytes.Contains(g, []byte(" [select")) &&
+			bytes.Contains(g, []byte("relay.(*conn).acquireQuery(")) &&
+			bytes.Contains(g, []byte("relay.(*conn).run(")) {
+			return true
+		}
+	}
+	return false
+}
+
+// Guard: the read gate is part of the WHERE clause, before ORDER BY ... LIMIT (filter_sql.go
+// whereSQL). Applied after the limit, the newest matching rows could all be unreadable and a
+// reader would get fewer rows than exist for it, or none: here the newest match of A's kinds 1
+// and 9 is a DM message, and limit 1 must still give a non-member A's public note.
+func TestLimitCountsOnlyReadableRows(t *testing.T) {
+	tr := startRelay(t, nil)
+	author := newParty(t, tr, true)
+	member := newParty(t, tr, true)
+	outsider := newParty(t, tr, true) // authenticated, not a member of the DM
+	anon := newParty(t, tr, false)
+
+	note := signed(author.sk, 1, "public", nostr.Now()-10)
+	author.c.mustPublish(note)
+	ch := openDM(t, author, member.pk)
+	dm := signed(author.sk, 9, "secret", nostr.Now(), nostr.Tag{"h", ch})
+	author.c.mustPublish(dm)
+
+	f := nostr.Filter{Authors: []string{author.pk}, Kinds: []int{1, 9}, Limit: 1}
+	sameIDs(t, "member (the DM message is the newest match)", member.c.req("limit", f), dm)
+	sameIDs(t, "authenticated non-member", outsider.c.req("limit", f), note)
+	sameIDs(t, "anonymous", anon.c.req("limit", f), note)
+}
