@@ -42,6 +42,8 @@ type conn struct {
 
 	q        *sendQueue
 	querySem chan struct{}
+	// initialHeld is what this connection's initial answers hold of the process-wide budget.
+	initialHeld atomic.Int64
 	// pong carries the payload of the latest client ping to the write loop, which answers it.
 	// gorilla's default ping handler would write the pong from the read loop with its own 1 s
 	// deadline on the socket, cutting short a batch write blocked on a slow reader.

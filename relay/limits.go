@@ -33,6 +33,9 @@ type Config struct {
 	// across all connections of the process (each query also stops at 16 MiB); an answer that
 	// does not fit is cut short. Default 256 MiB.
 	InitialResultBudget int64
+	// InitialResultPerConn bounds the part of that budget one connection's answers hold at once
+	// (default 32 MiB): a few slow readers cannot take all of it.
+	InitialResultPerConn int64
 	// MaxQueriesInFlight bounds concurrent REQ/COUNT queries per connection (default 4); a client
 	// that sends more waits (its reads stop) instead of taking more of the query pool.
 	MaxQueriesInFlight int
@@ -98,6 +101,9 @@ func (c *Config) applyDefaults() error {
 	def(&c.MaxQueriesInFlight, 4)
 	if c.InitialResultBudget <= 0 {
 		c.InitialResultBudget = 256 << 20
+	}
+	if c.InitialResultPerConn <= 0 {
+		c.InitialResultPerConn = 2 * maxInitialBytes
 	}
 	def(&c.EventBurst, 100)
 	def(&c.ReqBurst, 50)

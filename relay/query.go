@@ -131,7 +131,7 @@ func (c *conn) runInitial(sub *subscription) {
 	rows, held, err := c.queryStored(sub.ctx, sub.filters)
 	// Each row gives its bytes back once it is in the send queue (bounded per connection), so a
 	// slow reader holds only what it has not taken yet; the rest comes back when this returns.
-	defer func() { c.s.initial.release(held) }()
+	defer func() { c.releaseInitial(held) }()
 	if errors.Is(err, errBudgetSpent) {
 		// Every byte of the budget is held by answers still being sent. An empty EOSE would read
 		// as "no history"; say it instead (unless the client closed or replaced this REQ).
@@ -189,7 +189,7 @@ func (c *conn) runInitial(sub *subscription) {
 		// The queue holds its own copy now: drop ours, or the budget would count bytes that are
 		// gone while the slice still holds them.
 		rows[i].json = nil
-		c.s.initial.release(int64(len(r.json)))
+		c.releaseInitial(int64(len(r.json)))
 		held -= int64(len(r.json))
 	}
 	sub.sendLocked(c, marshalArray("EOSE", sub.id), nil)
@@ -240,11 +240,11 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out 
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			c.s.initial.release(held) // recoverQuery answers the client; the bytes must come back
+			c.releaseInitial(held) // recoverQuery answers the client; the bytes must come back
 			panic(p)
 		}
 		if err != nil {
-			c.s.initial.release(held)
+			c.releaseInitial(held)
 			out, held = nil, 0
 		}
 	}()
@@ -287,12 +287,12 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out 
 			c.log.Debug("initial query truncated", "bytes", maxInitialBytes, "rows", len(out))
 			break
 		}
-		if !c.s.initial.take(int64(len(js))) {
-			// Every connection's answers together stay within the budget: this one gets the
-			// newest rows that fit (NIP-01 lets a relay return fewer than limit), or, when not one
-			// fits, a CLOSED that says why.
-			metrics.InitialTruncated.WithLabelValues("budget").Inc()
-			c.log.Debug("initial query truncated by the process-wide budget", "rows", len(out))
+		if bound := c.takeInitial(int64(len(js))); bound != "" {
+			// Every connection's answers together stay within the budget, and one connection's
+			// within its share: this one gets the newest rows that fit (NIP-01 lets a relay
+			// return fewer than limit), or, when not one fits, a CLOSED that says why.
+			metrics.InitialTruncated.WithLabelValues(bound).Inc()
+			c.log.Debug("initial query truncated", "bound", bound, "rows", len(out))
 			if len(out) == 0 {
 				return nil, 0, errBudgetSpent
 			}
@@ -304,7 +304,26 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out 
 	return out, held, rows.Err()
 }
 
-// errBudgetSpent: not one row of an answer fit in the process-wide budget.
+// takeInitial takes n bytes of initial results for this connection: from its share, then from the
+// process-wide budget. It returns "" or the bound that refused them ("connection", "budget").
+func (c *conn) takeInitial(n int64) string {
+	if c.initialHeld.Add(n) > c.s.cfg.InitialResultPerConn {
+		c.initialHeld.Add(-n)
+		return "connection"
+	}
+	if !c.s.initial.take(n) {
+		c.initialHeld.Add(-n)
+		return "budget"
+	}
+	return ""
+}
+
+func (c *conn) releaseInitial(n int64) {
+	c.initialHeld.Add(-n)
+	c.s.initial.release(n)
+}
+
+// errBudgetSpent: not one row of an answer fit in the process-wide budget or the connection's share.
 var errBudgetSpent = errors.New("initial result budget spent")
 
 // byteBudget bounds bytes held across connections (initial results waiting to be sent).

@@ -302,3 +302,52 @@ func TestInitialResultsShareOneBudget(t *testing.T) {
 		t.Fatalf("after the held answer was sent: %d events, want %d", len(got), alone)
 	}
 }
+
+// One connection's answers hold at most its share of the budget (InitialResultPerConn): a client
+// reading slowly on a few connections cannot take all of it. The connection whose earlier answer
+// is held gets the busy CLOSED; another connection is still answered in full.
+func TestInitialResultsPerConnectionShare(t *testing.T) {
+	const n = 20
+	tr := startRelay(t, func(c *Config) { c.InitialResultPerConn = 8 << 10 })
+	c := tr.dial(t)
+	sk, pk := testenv.NewKey()
+	base := int64(nostr.Now()) - 1000
+	var stored []nostr.Event
+	for i := range n {
+		ev := signed(sk, 1, strings.Repeat("x", 300), nostr.Timestamp(base+int64(i)))
+		c.mustPublish(ev)
+		stored = append(stored, ev)
+	}
+	f := nostr.Filter{Authors: []string{pk}}
+	got := c.req("alone", f)
+	if len(got) == 0 || len(got) >= n || got[0].ID != stored[n-1].ID {
+		t.Fatalf("alone with an 8 KiB share: %d of %d events (first %v)", len(got), n, ids(got[:min(1, len(got))]))
+	}
+	alone := len(got)
+	testenv.WaitUntil(t, 10*time.Second, "the share given back after the answer", func() bool { return tr.s.initial.used.Load() == 0 })
+
+	reached, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	remove := hooks.Set("relay.req.queried", func(ctx context.Context) {
+		first := false
+		once.Do(func() { first = true })
+		if first {
+			close(reached)
+			<-release
+		}
+	})
+	defer remove()
+	c.sendJSON("REQ", "held", f)
+	<-reached
+	if got, closed := c.reqOrClosed("second", f); len(got) != 0 || closed != "error: relay busy, try again" {
+		t.Fatalf("a second answer on the connection holding its share: %d events, CLOSED %q; want a busy CLOSED", len(got), closed)
+	}
+	other := tr.dial(t)
+	if got := other.req("other", f); len(got) != alone {
+		t.Fatalf("another connection meanwhile: %d events, want %d", len(got), alone)
+	}
+	close(release)
+	if got, _ := c.collect("held"); len(got) != alone {
+		t.Fatalf("the held answer: %d events, want %d", len(got), alone)
+	}
+}
