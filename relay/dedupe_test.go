@@ -7,7 +7,6 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
-	"github.com/buzzpg/buzzpg/internal/evt"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
@@ -72,7 +71,7 @@ func TestLargeRecentAnswerNotResentLive(t *testing.T) {
 		t.Fatalf("initial answer has %d rows, want %d", len(got), len(evs))
 	}
 	newest := evs[0]
-	tr.s.Deliver(evt.Delivery{Event: &newest})
+	tr.s.Deliver(publicDelivery(&newest))
 	syncNone(t, c, "big")
 }
 
@@ -88,7 +87,7 @@ func TestRecentWindowFollowsReplicationLag(t *testing.T) {
 		t.Fatalf("initial answer has %d rows, want 3", len(got))
 	}
 	for i := range evs {
-		tr.s.Deliver(evt.Delivery{Event: &evs[i]})
+		tr.s.Deliver(publicDelivery(&evs[i]))
 	}
 	syncNone(t, c, "lagged")
 }
@@ -121,6 +120,6 @@ func TestRecentAnswerMemoryIsBounded(t *testing.T) {
 		t.Fatalf("de-dup capacity %d, want seenPerSub + MaxLimit = %d", capacity, seenPerSub+100)
 	}
 	newest := evs[0]
-	tr.s.Deliver(evt.Delivery{Event: &newest})
+	tr.s.Deliver(publicDelivery(&newest))
 	syncNone(t, c, "two")
 }

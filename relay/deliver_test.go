@@ -6,7 +6,6 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
-	"github.com/buzzpg/buzzpg/internal/evt"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
@@ -21,9 +20,9 @@ func TestLiveDeliverySkipsExpiredEvents(t *testing.T) {
 	now := nostr.Now()
 	exp := func(at nostr.Timestamp) nostr.Tag { return nostr.Tag{"expiration", strconv.FormatInt(int64(at), 10)} }
 	gone := signed(sk, 1, "expired in transit", now-5, exp(now-1))
-	tr.s.Deliver(evt.Delivery{Event: &gone})
+	tr.s.Deliver(publicDelivery(&gone))
 	fresh := signed(sk, 1, "still valid", now-5, exp(now+3600))
-	tr.s.Deliver(evt.Delivery{Event: &fresh})
+	tr.s.Deliver(publicDelivery(&fresh))
 	if got := c.nextEvent("live"); got.ID != fresh.ID {
 		t.Fatalf("first live event %q, want %q", got.Content, fresh.Content)
 	}

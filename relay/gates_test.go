@@ -252,7 +252,7 @@ func TestReadGates(t *testing.T) {
 	t.Run("deliveries to nobody's filters", func(t *testing.T) {
 		// An event nobody subscribed to goes nowhere (and Deliver does not fail).
 		x := signed(other.sk, 1, "x", nostr.Now())
-		tr.s.Deliver(evt.Delivery{Event: &x})
+		tr.s.Deliver(publicDelivery(&x))
 		syncNone(t, b.c, "live")
 	})
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/db"
+	"github.com/buzzpg/buzzpg/internal/evt"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
@@ -395,4 +396,9 @@ func holdAll(t testing.TB, pool *pgxpool.Pool) (release func()) {
 			h.Release()
 		}
 	}
+}
+
+// publicDelivery is a live delivery of a public event (what the fan-out hands over for one).
+func publicDelivery(ev *nostr.Event) evt.Delivery {
+	return evt.Delivery{Event: ev, Scope: evt.Scope{Kind: evt.ScopePublic}}
 }

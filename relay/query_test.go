@@ -12,7 +12,6 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
-	"github.com/buzzpg/buzzpg/internal/evt"
 	"github.com/buzzpg/buzzpg/internal/hooks"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
@@ -145,7 +144,7 @@ func TestCloseAndReplace(t *testing.T) {
 			t.Fatalf("sync: %v %q", got, closed)
 		}
 	}
-	live := func(ev nostr.Event) { tr.s.Deliver(evt.Delivery{Event: &ev}) }
+	live := func(ev nostr.Event) { tr.s.Deliver(publicDelivery(&ev)) }
 
 	sameIDs(t, "first REQ", c.req("s", nostr.Filter{Authors: []string{pk}, Kinds: []int{1}}), e1)
 	sameIDs(t, "replacing REQ", c.req("s", nostr.Filter{Authors: []string{pk}, Kinds: []int{7}}), e2)
@@ -216,15 +215,15 @@ func TestLiveDedupAroundInitialQuery(t *testing.T) {
 		if ok, msg, err := tr.s.acceptEvent(ctx, &during); err != nil || !ok {
 			t.Errorf("accept during: %v %s", err, msg)
 		}
-		tr.s.Deliver(evt.Delivery{Event: &during})
+		tr.s.Deliver(publicDelivery(&during))
 	})
 	after := signed(sk, 1, "after", nostr.Timestamp(base+1))
 	remove2 := hooks.Set("relay.req.queried", func(ctx context.Context) {
 		// Replication lagging behind the query: "old" arrives live after being queried.
-		tr.s.Deliver(evt.Delivery{Event: &old})
+		tr.s.Deliver(publicDelivery(&old))
 		// Committed after the query's snapshot: only the live subscription can carry it, so it
 		// is lost unless the subscription was registered before the query ran.
-		tr.s.Deliver(evt.Delivery{Event: &after})
+		tr.s.Deliver(publicDelivery(&after))
 	})
 	got := c.req("s", nostr.Filter{Authors: []string{pk}})
 	remove1()
@@ -241,9 +240,9 @@ func TestLiveDedupAroundInitialQuery(t *testing.T) {
 		t.Fatalf("want each event once, got %v", seen)
 	}
 	// And later live deliveries of the same ids are dropped too.
-	tr.s.Deliver(evt.Delivery{Event: &old})
+	tr.s.Deliver(publicDelivery(&old))
 	fresh := signed(sk, 1, "fresh", nostr.Timestamp(base+2))
-	tr.s.Deliver(evt.Delivery{Event: &fresh})
+	tr.s.Deliver(publicDelivery(&fresh))
 	if ev := c.nextEvent("s"); ev.ID != fresh.ID {
 		t.Fatalf("re-delivered %s", ev.Content)
 	}

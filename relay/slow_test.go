@@ -13,7 +13,6 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr"
 
-	"github.com/buzzpg/buzzpg/internal/evt"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
@@ -81,7 +80,7 @@ func TestSlowReaderClosed(t *testing.T) {
 	for i := 0; i < n; i++ {
 		ev := signed(sk, 1, content, nostr.Timestamp(int64(nostr.Now())+int64(i)))
 		start := time.Now()
-		tr.s.Deliver(evt.Delivery{Event: &ev})
+		tr.s.Deliver(publicDelivery(&ev))
 		if d := time.Since(start); d > 2*time.Second {
 			t.Fatalf("Deliver blocked for %s", d)
 		}

@@ -28,10 +28,10 @@ type Scope struct {
 type MemberFunc func(channel, pubkey string) bool
 
 // Readable reports whether a connection authenticated as any of authed may read an event with
-// this scope and author.
+// this scope and author. A scope it does not know, the zero one included, is readable by nobody.
 func (s Scope) Readable(author string, authed []string, isMember MemberFunc) bool {
 	switch s.Kind {
-	case ScopePublic, 0:
+	case ScopePublic:
 		return true
 	case ScopeAuthor:
 		return contains(authed, author)
