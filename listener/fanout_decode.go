@@ -103,6 +103,7 @@ func fanDecodeRow(r *pgRelation, t *pglogrepl.TupleData) (evt.Delivery, error) {
 //	{"t":"eph","ev":{...},"scope":"*","scope_p":null,"channel_id":null}
 //	{"t":"due","ev":{...the 30300 event...},"stamp":123,"scope":"a"}
 //	{"t":"dues","scope":"a","items":[{"ev":{...},"stamp":123}, ...]}   (one per confirmed batch)
+//	{"t":"members","channels":["<uuid>", ...]} or {"t":"members","all":true}   (member rows edited)
 type fanMessage struct {
 	T         string
 	Ev        *nostr.Event
@@ -111,6 +112,8 @@ type fanMessage struct {
 	ChannelID *string
 	Stamp     int64
 	Items     []dueItem
+	Channels  []string
+	All       bool
 }
 
 type dueItem struct {
@@ -147,6 +150,11 @@ func fanDecodeMessage(content []byte) (ds []evt.Delivery, ok bool, err error) {
 			scope.Channel = *m.ChannelID
 		}
 		return []evt.Delivery{{Event: m.Ev, Scope: scope}}, true, nil
+	case "members":
+		if len(m.Channels) == 0 && !m.All {
+			return nil, false, fmt.Errorf("buzz message \"members\" names no channel")
+		}
+		return []evt.Delivery{{Members: &evt.MembersChange{Channels: m.Channels, All: m.All}}}, true, nil
 	case "dues":
 		ds = make([]evt.Delivery, 0, len(m.Items))
 		for i, it := range m.Items {
@@ -196,6 +204,15 @@ func (m *fanMessage) decode(data []byte) error {
 				l.WantComma()
 			}
 			l.Delim(']')
+		case "channels":
+			l.Delim('[')
+			for !l.IsDelim(']') && l.Ok() {
+				m.Channels = append(m.Channels, l.String())
+				l.WantComma()
+			}
+			l.Delim(']')
+		case "all":
+			m.All = l.Bool()
 		default:
 			l.SkipRecursive()
 		}

@@ -131,3 +131,22 @@ func TestFanDecodeRowFailsClosedOnScope(t *testing.T) {
 		}
 	}
 }
+
+// A member edit (sql/0014) decodes to a Members delivery without an event; one naming nothing
+// is refused rather than read as "forget nothing".
+func TestFanDecodeMembersMessage(t *testing.T) {
+	ds, ok, err := fanDecodeMessage([]byte(`{"t":"members","channels":["5f0c0c9e-7d4e-4b8e-9d3c-0e6a4f1b2c3d","6a1d1daf-8e5f-4c9f-8e4d-1f7b502c3d4e"]}`))
+	if err != nil || !ok || len(ds) != 1 || ds[0].Members == nil || ds[0].Event != nil {
+		t.Fatalf("members message: %+v ok=%v err=%v", ds, ok, err)
+	}
+	if got := ds[0].Members.Channels; len(got) != 2 || got[1] != "6a1d1daf-8e5f-4c9f-8e4d-1f7b502c3d4e" || ds[0].Members.All {
+		t.Fatalf("channels %v all %v", got, ds[0].Members.All)
+	}
+	ds, ok, err = fanDecodeMessage([]byte(`{"t":"members","all":true}`))
+	if err != nil || !ok || len(ds) != 1 || ds[0].Members == nil || !ds[0].Members.All {
+		t.Fatalf("truncate message: %+v ok=%v err=%v", ds, ok, err)
+	}
+	if _, ok, err := fanDecodeMessage([]byte(`{"t":"members","channels":[]}`)); err == nil || ok {
+		t.Fatalf("a members message naming nothing: ok=%v err=%v, want an error", ok, err)
+	}
+}

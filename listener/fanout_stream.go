@@ -177,6 +177,10 @@ func (f *Fanout) handle(s *replSession, data []byte) error {
 				at = s.finalLSN
 			}
 			for _, d := range ds {
+				if d.Members != nil {
+					f.sink.Deliver(d) // idempotent: no de-dup, and not a delivered event
+					continue
+				}
 				f.deliver(d, at)
 			}
 		}

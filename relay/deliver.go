@@ -14,11 +14,15 @@ import (
 
 // Deliver fans one event out to every matching live subscription this process holds, after the
 // read gate. It never waits for a client: a connection whose send queue is full is closed as a
-// slow reader. The only wait is a one-time member-set lookup for a DM not seen before (then cached
-// for good: DM member sets never change). A lookup that fails is retried until it succeeds or the
+// slow reader. The only wait is a member-set lookup for a DM not seen before (then cached until
+// an operator's edit of its member rows is announced, which Deliver also receives). A lookup that fails is retried until it succeeds or the
 // server shuts down: the replication stream (our caller) waits, and acknowledges nothing past this
 // event meanwhile, instead of losing a gated event its members are subscribed to.
 func (s *Server) Deliver(d evt.Delivery) {
+	if d.Members != nil {
+		s.members.forget(*d.Members)
+		return
+	}
 	if d.Event == nil || expired(d.Event, timeNow().Unix()) {
 		return // NIP-40: an event that expired while it travelled (replication lag) is not served
 	}

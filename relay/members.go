@@ -6,11 +6,15 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/buzzpg/buzzpg/internal/evt"
 )
 
-// memberCache holds DM member sets. A DM's participant set never changes (PROTOCOL.md), so a
-// non-empty set read once is true forever; an empty answer is not cached (the channel may be
-// committing right now, or not exist). Bounded: the oldest channel is forgotten first. Lookups
+// memberCache holds DM member sets. A DM's participant set never changes through the protocol
+// (PROTOCOL.md), so a non-empty set read once stays true until an operator edits member rows,
+// which the database announces through the replication stream (forget); an empty answer is not
+// cached (the channel may be committing right now, or not exist). Bounded: the oldest channel is
+// forgotten first. Lookups
 // run on the pool the caller names: REQ/COUNT gates on the query pool (client-driven, rate limited,
 // may be saturated), Deliver on the acceptance pool (short queries only), so neither a flood of
 // filters naming channels nor expensive REQs can take connections acceptance needs.
@@ -20,6 +24,29 @@ type memberCache struct {
 	order []string            // FIFO ring of cached channels
 	next  int
 	cap   int
+	// epoch counts forgets: a lookup that read before one must not cache what it read (it may
+	// be the set the edit replaced).
+	epoch uint64
+}
+
+// forget drops the sets an announced member edit may have changed.
+func (mc *memberCache) forget(ch evt.MembersChange) {
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	mc.epoch++
+	if ch.All {
+		clear(mc.sets)
+		return
+	}
+	for _, c := range ch.Channels {
+		delete(mc.sets, c) // its slot in order stays until reused; put skips the stale name
+	}
+}
+
+func (mc *memberCache) currentEpoch() uint64 {
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	return mc.epoch
 }
 
 func newMemberCache(capacity int) *memberCache {
@@ -33,9 +60,12 @@ func (mc *memberCache) get(channel string) ([]string, bool) {
 	return s, ok
 }
 
-func (mc *memberCache) put(channel string, members []string) {
+func (mc *memberCache) put(channel string, members []string, readAt uint64) {
 	mc.mu.Lock()
 	defer mc.mu.Unlock()
+	if readAt != mc.epoch {
+		return // read before a forget
+	}
 	if _, ok := mc.sets[channel]; ok {
 		return
 	}
@@ -67,6 +97,7 @@ func (mc *memberCache) membersOf(ctx context.Context, pool *pgxpool.Pool, channe
 	if len(missing) == 0 {
 		return out, nil
 	}
+	readAt := mc.currentEpoch()
 	rows, err := pool.Query(ctx,
 		`SELECT channel_id::text, pubkey FROM buzz.members WHERE channel_id = ANY($1::uuid[])`, missing)
 	if err != nil {
@@ -86,7 +117,7 @@ func (mc *memberCache) membersOf(ctx context.Context, pool *pgxpool.Pool, channe
 	}
 	for ch, pks := range loaded {
 		slices.Sort(pks)
-		mc.put(ch, pks)
+		mc.put(ch, pks, readAt)
 		out[ch] = pks
 	}
 	return out, nil

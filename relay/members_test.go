@@ -89,3 +89,28 @@ func TestDeliveryRetriesAFailedMemberLookup(t *testing.T) {
 		t.Fatalf("buzz_member_lookup_retries_total = %v (%v)", mv.GetCounter().GetValue(), err)
 	}
 }
+
+// A lookup that read before an announced member edit must not cache what it read: it may be the
+// set the edit replaced.
+func TestMemberCacheForgetsAndSkipsStaleReads(t *testing.T) {
+	mc := newMemberCache(4)
+	const ch = "5f0c0c9e-7d4e-4b8e-9d3c-0e6a4f1b2c3d"
+	mc.put(ch, []string{"alice", "bob"}, mc.currentEpoch())
+	if _, ok := mc.get(ch); !ok {
+		t.Fatal("set not cached")
+	}
+	readAt := mc.currentEpoch()
+	mc.forget(evt.MembersChange{Channels: []string{ch}})
+	if _, ok := mc.get(ch); ok {
+		t.Fatal("set still cached after its edit was announced")
+	}
+	mc.put(ch, []string{"alice", "bob"}, readAt) // read before the forget, put after it
+	if _, ok := mc.get(ch); ok {
+		t.Fatal("a read from before the edit was cached")
+	}
+	mc.put(ch, []string{"alice", "carol"}, mc.currentEpoch())
+	mc.forget(evt.MembersChange{All: true})
+	if _, ok := mc.get(ch); ok {
+		t.Fatal("set still cached after a truncate was announced")
+	}
+}

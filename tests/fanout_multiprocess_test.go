@@ -252,3 +252,56 @@ func TestFanoutGracefulStopDropsSlot(t *testing.T) {
 		t.Errorf("instance row survived a graceful stop")
 	}
 }
+
+// Relays cache DM member sets for live delivery. An operator's edit of member rows (a key moved
+// after a compromise, a member removed) is announced through the replication stream (0014), and
+// takes effect for the next event on every process: the old key gets nothing more. Each step
+// ends with a public barrier event: deliveries reach a connection in commit order.
+func TestFanoutMemberEditsReachLiveDelivery(t *testing.T) {
+	dbURL := testenv.FreshDB(t)
+	rs := startFanoutRelays(t, dbURL, 2, nil)
+	pool := testenv.Pool(t, dbURL)
+	alice, bob, carol := newFanUser(), newFanUser(), newFanUser()
+	aliceC := testenv.Dial(t, rs[0].URL)
+	aliceC.Auth(alice.sk)
+	msg := aliceC.MustPublish(alice.event(41010, "", nostr.Tag{"p", bob.pk}))
+	var resp struct {
+		ChannelID string `json:"channel_id"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(msg, "response:")), &resp); err != nil || resp.ChannelID == "" {
+		t.Fatalf("DM open response %q: %v", msg, err)
+	}
+	filter := nostr.Filter{Authors: []string{alice.pk}, Kinds: []int{1, 9}}
+	bobC, carolC := testenv.Dial(t, rs[1].URL), testenv.Dial(t, rs[1].URL)
+	bobC.Auth(bob.sk)
+	carolC.Auth(carol.sk)
+	bobS, carolS := bobC.Subscribe(filter), carolC.Subscribe(filter)
+
+	step := func(name string, edit string, got, notGot []*testenv.Sub) {
+		t.Helper()
+		if edit != "" {
+			if _, err := pool.Exec(context.Background(), edit, resp.ChannelID, bob.pk, carol.pk); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+		}
+		dm := alice.event(9, name, nostr.Tag{"h", resp.ChannelID})
+		aliceC.MustPublish(dm)
+		barrier := alice.event(1, "after "+name)
+		aliceC.MustPublish(barrier)
+		for _, s := range notGot {
+			s.WaitEvents(20*time.Second, barrier.ID)
+			if n := s.Counts()[dm.ID]; n != 0 {
+				t.Fatalf("%s: a key not in the DM received its message", name)
+			}
+		}
+		for _, s := range got {
+			s.WaitEvents(20*time.Second, dm.ID, barrier.ID)
+		}
+	}
+	// Bob's set is cached on process 1 by this delivery.
+	step("before any edit", "", []*testenv.Sub{bobS}, []*testenv.Sub{carolS})
+	step("bob's key moved to carol", `UPDATE buzz.members SET pubkey = $3 WHERE channel_id = $1::uuid AND pubkey = $2 AND $3 <> ''`,
+		[]*testenv.Sub{carolS}, []*testenv.Sub{bobS})
+	step("carol removed", `DELETE FROM buzz.members WHERE channel_id = $1::uuid AND pubkey = $3 AND $2 <> ''`,
+		nil, []*testenv.Sub{bobS, carolS})
+}

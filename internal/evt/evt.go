@@ -23,8 +23,9 @@ type Scope struct {
 	Channel string // channel uuid for ScopeChannel
 }
 
-// MemberFunc reports whether pubkey is a member of channel. DM participant sets never change, so
-// implementations may cache positive and negative answers for existing channels forever.
+// MemberFunc reports whether pubkey is a member of channel. DM participant sets never change
+// through the protocol; an operator's edit of member rows is announced (Delivery.Members), so
+// implementations may cache sets until then.
 type MemberFunc func(channel, pubkey string) bool
 
 // Readable reports whether a connection authenticated as any of authed may read an event with
@@ -67,6 +68,15 @@ type Delivery struct {
 	// connection by (event id, Stamp) instead of per subscription by id.
 	Due   bool
 	Stamp int64
+	// Members, when set, is not an event (Event is nil): member rows of these channels changed
+	// (an operator's edit, sql/0014), and cached member sets of them must be forgotten.
+	Members *MembersChange
+}
+
+// MembersChange names the channels whose member rows changed, or All of them (a TRUNCATE).
+type MembersChange struct {
+	Channels []string
+	All      bool
 }
 
 // Sink receives deliveries; the relay implements it.
