@@ -77,7 +77,7 @@ func (s *Server) deliveryMembers(d evt.Delivery) (members []string, ok bool) {
 	backoff := 10 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithTimeout(s.stop, s.memberWait)
-		sets, err := s.members.membersOf(ctx, s.accept, []string{d.Scope.Channel})
+		sets, err := s.members.membersOf(ctx, s.lookup, []string{d.Scope.Channel})
 		cancel()
 		if err == nil {
 			return sets[d.Scope.Channel], true

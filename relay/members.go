@@ -16,8 +16,9 @@ import (
 // cached (the channel may be committing right now, or not exist). Bounded: the oldest channel is
 // forgotten first. Lookups
 // run on the pool the caller names: REQ/COUNT gates on the query pool (client-driven, rate limited,
-// may be saturated), Deliver on the acceptance pool (short queries only), so neither a flood of
-// filters naming channels nor expensive REQs can take connections acceptance needs.
+// may be saturated), Deliver on its own small pool (SetLookupPool), so neither a flood of filters
+// naming channels nor expensive REQs can take connections acceptance needs, and a flood of EVENTs
+// does not hold up live delivery.
 type memberCache struct {
 	mu    sync.Mutex
 	sets  map[string][]string // channel uuid (canonical text) -> sorted member pubkeys

@@ -2,14 +2,17 @@ package relay
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/buzzpg/buzzpg/internal/db"
 	"github.com/buzzpg/buzzpg/internal/evt"
 	"github.com/buzzpg/buzzpg/internal/metrics"
+	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
 // The member lookups of REQ gates run on the query pool: with every acceptance connection taken,
@@ -112,5 +115,48 @@ func TestMemberCacheForgetsAndSkipsStaleReads(t *testing.T) {
 	mc.forget(evt.MembersChange{All: true})
 	if _, ok := mc.get(ch); ok {
 		t.Fatal("set still cached after a truncate was announced")
+	}
+}
+
+// Live delivery's member lookups run on their own pool: with every acceptance connection taken
+// (a flood of EVENTs), a DM message not seen before still reaches its member's subscription.
+func TestDeliveryLookupsDoNotUseTheAcceptancePool(t *testing.T) {
+	tr := startRelay(t, nil)
+	tr.s.memberWait = 200 * time.Millisecond
+	lookup, err := db.NewPool(context.Background(), testenv.DB(t), "buzzpg-lookup:test", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lookup.Close)
+	tr.s.SetLookupPool(lookup)
+	a := newParty(t, tr, true)
+	b := newParty(t, tr, true)
+	ch := openDM(t, a, b.pk) // the member set is not cached yet
+	b.c.req("live", nostr.Filter{Authors: []string{a.pk}, Kinds: []int{9}})
+	retried := make(chan struct{}, 1)
+	tr.s.onLookupRetry = func() {
+		select {
+		case retried <- struct{}{}:
+		default:
+		}
+	}
+
+	var once sync.Once
+	held := holdAll(t, tr.s.accept)
+	release := func() { once.Do(held) }
+	defer release()
+	m := signed(a.sk, 9, "while acceptance is busy", nostr.Now(), nostr.Tag{"h", ch})
+	done := testenv.Async(func() {
+		tr.s.Deliver(evt.Delivery{Event: &m, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}})
+	})
+	select {
+	case <-done:
+	case <-retried:
+		release() // let the retried lookup through, or Deliver would wait for good
+		<-done
+		t.Fatal("the member lookup waited for an acceptance connection")
+	}
+	if got := b.c.nextEvent("live"); got.ID != m.ID {
+		t.Fatalf("live event %s, want %s", got.ID, m.ID)
 	}
 }

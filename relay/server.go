@@ -49,7 +49,10 @@ type Server struct {
 	nextID   atomic.Uint64
 
 	memberWait time.Duration // how long one member-set lookup may take (memberLookupWait)
-	lag        atomic.Pointer[func() time.Duration]
+	// lookup serves live delivery's member-set lookups (SetLookupPool); the acceptance pool
+	// until set.
+	lookup *pgxpool.Pool
+	lag    atomic.Pointer[func() time.Duration]
 
 	// stop ends when Shutdown begins: work that would otherwise wait or retry gives up.
 	stop     context.Context
@@ -62,6 +65,11 @@ type Server struct {
 }
 
 var _ evt.Sink = (*Server)(nil)
+
+// SetLookupPool gives live delivery its own connections for member-set lookups (call before
+// serving). On the acceptance pool they queue behind a flood of EVENTs, and the one fan-out
+// goroutine, and so live delivery to everyone, waits with them.
+func (s *Server) SetLookupPool(p *pgxpool.Pool) { s.lookup = p }
 
 // New builds a Server. acceptPool serves buzz.accept_event; queryPool serves REQ/COUNT, so a flood
 // of expensive filters cannot stall acceptance.
@@ -82,6 +90,7 @@ func New(cfg Config, acceptPool, queryPool *pgxpool.Pool) (*Server, error) {
 	}
 	s.stop, s.stopWork = context.WithCancel(context.Background())
 	s.memberWait = memberLookupWait
+	s.lookup = acceptPool
 	if cfg.RelaySecretKey != "" {
 		pk, err := nostr.GetPublicKey(cfg.RelaySecretKey)
 		if err != nil {

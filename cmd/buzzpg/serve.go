@@ -119,6 +119,13 @@ func serve(cfg serveConfig, log *slog.Logger) error {
 		return err
 	}
 	defer closePool("listener", lpool, log)
+	// Live delivery's member-set lookups: rare (sets are cached), but the one fan-out goroutine
+	// waits for each, so they do not queue behind client traffic on the acceptance pool.
+	lookup, err := db.NewPool(ctx, cfg.DatabaseURL, "buzzpg-lookup:"+cfg.InstanceID, 2)
+	if err != nil {
+		return err
+	}
+	defer closePool("lookup", lookup, log)
 	if err := publishSettings(ctx, accept, pk, cfg, log); err != nil {
 		return err
 	}
@@ -169,6 +176,7 @@ func serve(cfg serveConfig, log *slog.Logger) error {
 		if err != nil {
 			return err
 		}
+		srv.SetLookupPool(lookup)
 		fanout = listener.NewFanout(listener.FanoutConfig{
 			DatabaseURL: cfg.DatabaseURL,
 			InstanceID:  cfg.InstanceID,
