@@ -194,7 +194,10 @@ func (c *conn) writeLoop() {
 		select {
 		case <-c.q.wake:
 			for {
-				batch := c.q.take()
+				// A bounded batch per write: the deadline then asks for progress (writeBatch
+				// bytes per writeWait), not for the whole queue at once, which a client on a
+				// slow link could not take within it.
+				batch := c.q.take(writeBatch)
 				if len(batch) == 0 {
 					break
 				}

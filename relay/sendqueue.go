@@ -63,12 +63,25 @@ func (q *sendQueue) pushHalf(msg []byte) (ok bool, room <-chan struct{}, done bo
 	return false, q.room, false
 }
 
-// take removes and returns everything queued. The bytes stay counted until written (done).
-func (q *sendQueue) take() [][]byte {
+// take removes and returns the oldest queued messages, at most max bytes of them (and at least one
+// message, whatever its size). The bytes stay counted until written (written).
+func (q *sendQueue) take(max int) [][]byte {
 	q.mu.Lock()
-	items := q.items
-	q.items = nil
-	q.mu.Unlock()
+	defer q.mu.Unlock()
+	n, size := 0, 0
+	for n < len(q.items) && (n == 0 || size+len(q.items[n]) <= max) {
+		size += len(q.items[n])
+		n++
+	}
+	if n == len(q.items) {
+		items := q.items
+		q.items = nil
+		return items
+	}
+	items := make([][]byte, n)
+	copy(items, q.items)
+	clear(q.items[:n]) // the rest keeps the backing array; do not let it pin what is sent
+	q.items = q.items[n:]
 	return items
 }
 
