@@ -37,6 +37,9 @@ func newFanRecSink() *fanRecSink {
 }
 
 func (s *fanRecSink) Deliver(d evt.Delivery) {
+	if d.Members != nil {
+		return // a member edit, not an event
+	}
 	if s.onDeliver != nil {
 		s.onDeliver(d)
 	}

@@ -40,7 +40,9 @@ func (mc *memberCache) forget(ch evt.MembersChange) {
 		return
 	}
 	for _, c := range ch.Channels {
-		delete(mc.sets, c) // its slot in order stays until reused; put skips the stale name
+		// Its slot in order stays until reused. Cached again meanwhile, the channel has a second
+		// slot, and the older one evicts it early when reused: an extra lookup, never a stale set.
+		delete(mc.sets, c)
 	}
 }
 

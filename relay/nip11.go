@@ -34,6 +34,7 @@ type nip11Limitation struct {
 	RestrictedWrites    bool    `json:"restricted_writes"`
 	SendQueueBytes      int     `json:"send_queue_bytes"`
 	MaxFilterValues     int     `json:"max_filter_values"`
+	MaxConnFilterVals   int     `json:"max_connection_filter_values"`
 	MaxQueriesInFlight  int     `json:"max_queries_in_flight"`
 	QueryTimeoutMillis  int64   `json:"query_timeout_ms"`
 	MaxAuthPubkeys      int     `json:"max_auth_pubkeys"`
@@ -71,6 +72,7 @@ func (s *Server) buildNIP11() ([]byte, error) {
 			CreatedAtUpperLimit: c.MaxFutureSeconds,
 			SendQueueBytes:      c.SendQueueBytes,
 			MaxFilterValues:     maxFilterValues,
+			MaxConnFilterVals:   maxConnFilterValues,
 			MaxQueriesInFlight:  c.MaxQueriesInFlight,
 			QueryTimeoutMillis:  c.QueryTimeout.Milliseconds(),
 			MaxAuthPubkeys:      maxAuthPubkeys,

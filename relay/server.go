@@ -160,7 +160,7 @@ func (s *Server) serveConn(ws *websocket.Conn, r *http.Request, ip, key string) 
 		s.mu.Unlock()
 		_ = ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseGoingAway, "relay shutting down"), timeNow().Add(writeWait))
 		_ = ws.Close()
-		s.unadmit(ip)
+		s.unadmit(key)
 		return
 	}
 	s.conns[c] = struct{}{}

@@ -6,8 +6,9 @@
 -- every relay receives in commit order, before any later event, and forgets those sets.
 --
 -- Payload: {"t":"members","channels":["<uuid>", ...]} or {"t":"members","all":true} (TRUNCATE).
--- Binaries that predate it skip the unknown type. Hides and resurfacing update hidden_at only
--- and emit nothing.
+-- Binaries that predate it skip the unknown type. Hides and resurfacing update hidden_at only,
+-- and opening a DM inserts the members of a channel created in the same transaction: neither
+-- emits anything.
 
 CREATE FUNCTION buzz.members_changed() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -19,7 +20,11 @@ BEGIN
       PERFORM pg_logical_emit_message(true, 'buzz', '{"t":"members","all":true}');
       RETURN NULL;
     WHEN 'INSERT' THEN
-      SELECT array_agg(DISTINCT channel_id::text) INTO chans FROM members_new;
+      -- A channel this transaction created (a DM open) was never cached anywhere: say nothing.
+      -- (Created in a subtransaction, its xmin differs and it is announced: harmless.)
+      SELECT array_agg(DISTINCT n.channel_id::text) INTO chans
+        FROM members_new n JOIN buzz.channels c ON c.id = n.channel_id
+       WHERE c.xmin::text::numeric <> pg_current_xact_id()::text::numeric % 4294967296;
     WHEN 'DELETE' THEN
       SELECT array_agg(DISTINCT channel_id::text) INTO chans FROM members_old;
     ELSE

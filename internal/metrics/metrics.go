@@ -106,6 +106,9 @@ func init() {
 	for _, v := range []string{"EVENT", "AUTH", "REQ", "COUNT"} {
 		RateLimited.WithLabelValues(v)
 	}
+	for _, v := range []string{"query", "connection", "budget"} {
+		InitialTruncated.WithLabelValues(v)
+	}
 }
 
 // RegisterFanout exports the replication stream's state, read at scrape time.
