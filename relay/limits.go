@@ -39,7 +39,10 @@ type Config struct {
 	// MaxQueriesInFlight bounds concurrent REQ/COUNT queries per connection (default 4); a client
 	// that sends more waits (its reads stop) instead of taking more of the query pool.
 	MaxQueriesInFlight int
-	ReminderHorizon    time.Duration // how far ahead a 30300 not_before may be; default one year
+	// MaxQueriesPerIP bounds them per client IP across its connections (default: half the query
+	// pool), so that one client cannot hold every query connection.
+	MaxQueriesPerIP int
+	ReminderHorizon time.Duration // how far ahead a 30300 not_before may be; default one year
 	// Rate limits (token buckets); a rate of 0 means unlimited. Per connection, and per client IP
 	// across all its connections. Over the limit: OK/CLOSED "rate-limited: ...".
 	EventRate   float64 // EVENTs per second per connection

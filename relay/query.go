@@ -100,16 +100,24 @@ func (c *conn) checkGates(cfs []*compiledFilter) string {
 	return ""
 }
 
+// acquireQuery takes a query slot of the connection, then one of its client's share (ipQueries).
 func (c *conn) acquireQuery(ctx context.Context) bool {
 	select {
 	case c.querySem <- struct{}{}:
-		return true
 	case <-ctx.Done():
 		return false
 	}
+	if !c.s.ipQueries.acquire(ctx, c.ip) {
+		<-c.querySem
+		return false
+	}
+	return true
 }
 
-func (c *conn) releaseQuery() { <-c.querySem }
+func (c *conn) releaseQuery() {
+	c.s.ipQueries.release(c.ip)
+	<-c.querySem
+}
 
 func (c *conn) recoverQuery(subID string) {
 	if p := recover(); p != nil {

@@ -8,10 +8,13 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/http"
+	"net/netip"
 	"runtime"
 	"testing"
 	"time"
 
+	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/testenv"
@@ -145,4 +148,102 @@ func TestLimitCountsOnlyReadableRows(t *testing.T) {
 	sameIDs(t, "member (the DM message is the newest match)", member.c.req("limit", f), dm)
 	sameIDs(t, "authenticated non-member", outsider.c.req("limit", f), note)
 	sameIDs(t, "anonymous", anon.c.req("limit", f), note)
+}
+
+// Guard: ipQueries, the share of the query pool one client IP may hold across its connections.
+// Two connections of one client (each within its per-connection bound of 2) hold at most 3
+// queries in PostgreSQL; a client at another address is still answered. Same barrier as above:
+// the queries wait on a table lock, and the next one is observed parked in the IP's share.
+func TestQueriesInFlightBoundedPerIP(t *testing.T) {
+	const perConn, perIP = 2, 3
+	url := testenv.FreshDB(t)
+	tr := startRelayOn(t, url, func(c *Config) {
+		c.MaxQueriesInFlight, c.MaxQueriesPerIP = perConn, perIP
+		c.QueryTimeout = time.Minute
+		c.TrustedProxies = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+	})
+	ctx := context.Background()
+	dialFrom := func(ip string) *client {
+		t.Helper()
+		ws, _, err := websocket.DefaultDialer.Dial(tr.url, http.Header{"X-Forwarded-For": {ip}})
+		if err != nil {
+			t.Fatalf("dial: %v", err)
+		}
+		t.Cleanup(func() { ws.Close() })
+		c := &client{t: t, ws: ws}
+		c.challenge = str(c.expect("AUTH")[1])
+		return c
+	}
+	sk, pk := testenv.NewKey()
+	note := signed(sk, 1, "public", nostr.Now())
+	a, b := dialFrom("198.51.100.7"), dialFrom("198.51.100.7")
+	for _, c := range []*client{a, b} {
+		c.mustAuth(sk, tr.url) // authenticated: their gates read buzz.members
+	}
+	a.mustPublish(note)
+	other := dialFrom("203.0.113.5")
+
+	lock := testenv.NewSession(t, url, "members-lock")
+	lock.Begin()
+	defer lock.Tx.Rollback(ctx)
+	if _, err := lock.Tx.Exec(ctx, `LOCK TABLE buzz.members IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	f := nostr.Filter{Authors: []string{pk}, Kinds: []int{1}}
+	answers := 0
+	for _, c := range []*client{a, b} {
+		for i := range perConn {
+			c.sendJSON("REQ", fmt.Sprint("q", i), f)
+			answers++
+		}
+	}
+	waiting := func() int {
+		var n int
+		if err := tr.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = $1 AND application_name = 'buzzpg-query:test' AND wait_event_type = 'Lock'`,
+			testenv.DatabaseName(url)).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	var n int
+	testenv.WaitUntil(t, 20*time.Second, "the client's queries waiting on the lock", func() bool {
+		n = waiting()
+		return n > perIP || (n == perIP && parkedIn("relay.(*ipQueries).acquire("))
+	})
+	if n != perIP {
+		t.Fatalf("%d queries of one client in flight, its share is %d", n, perIP)
+	}
+	sameIDs(t, "REQ of a client at another address", other.req("other", f), note)
+
+	if err := lock.Tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []*client{a, b} {
+		for i := range perConn {
+			if _, closed := c.collect(fmt.Sprint("q", i)); closed != "" {
+				t.Fatalf("a query of the client, released: CLOSED %q", closed)
+			}
+		}
+	}
+}
+
+// parkedIn reports whether some goroutine is blocked in a select inside fn (a function name as
+// runtime.Stack prints it).
+func parkedIn(fn string) bool {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	for _, g := range bytes.Split(buf, []byte("\n\n")) {
+		if bytes.Contains(g, []byte(" [select")) && bytes.Contains(g, []byte(fn)) {
+			return true
+		}
+	}
+	return false
 }

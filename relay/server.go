@@ -38,6 +38,7 @@ type Server struct {
 	ipEvents      *ipLimiter // nil: unlimited
 	ipReqs        *ipLimiter
 	initial       byteBudget // initial REQ results held until sent, across connections
+	ipQueries     *ipQueries // REQ/COUNT queries in flight per client IP
 	acceptErrLog  logx.Sampler
 
 	mu       sync.RWMutex
@@ -99,6 +100,11 @@ func New(cfg Config, acceptPool, queryPool *pgxpool.Pool) (*Server, error) {
 		s.relayPubkey = pk
 	}
 	s.initial.limit = cfg.InitialResultBudget
+	if cfg.MaxQueriesPerIP <= 0 {
+		cfg.MaxQueriesPerIP = max(1, int(queryPool.Config().MaxConns)/2)
+		s.cfg.MaxQueriesPerIP = cfg.MaxQueriesPerIP
+	}
+	s.ipQueries = newIPQueries(cfg.MaxQueriesPerIP)
 	s.acceptErrLog.Every = 10 * time.Second
 	s.members = newMemberCache(memberCacheSize)
 	s.ipEvents = newIPLimiter(cfg.IPEventRate, cfg.EventBurst)
