@@ -100,23 +100,30 @@ func (c *conn) checkGates(cfs []*compiledFilter) string {
 	return ""
 }
 
-// acquireQuery takes a query slot of the connection, then one of its client's share (ipQueries).
 func (c *conn) acquireQuery(ctx context.Context) bool {
 	select {
 	case c.querySem <- struct{}{}:
+		return true
 	case <-ctx.Done():
 		return false
 	}
-	if !c.s.ipQueries.acquire(ctx, c.ip) {
-		<-c.querySem
-		return false
-	}
-	return true
 }
 
-func (c *conn) releaseQuery() {
-	c.s.ipQueries.release(c.ip)
-	<-c.querySem
+func (c *conn) releaseQuery() { <-c.querySem }
+
+// queryConn takes one of the client's share of the query pool (ipQueries), then a connection.
+// The share is held while the query runs and its rows are read, not while they are sent: a
+// client reading slowly must not hold its office's share.
+func (c *conn) queryConn(ctx context.Context) (pc *pgxpool.Conn, release func(), err error) {
+	if !c.s.ipQueries.acquire(ctx, c.ip) {
+		return nil, nil, ctx.Err()
+	}
+	pc, err = c.s.acquireQueryConn(ctx)
+	if err != nil {
+		c.s.ipQueries.release(c.ip)
+		return nil, nil, err
+	}
+	return pc, func() { pc.Release(); c.s.ipQueries.release(c.ip) }, nil
 }
 
 func (c *conn) recoverQuery(subID string) {
@@ -260,11 +267,11 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out 
 	defer cancel()
 	start := time.Now()
 	defer func() { metrics.Queries.WithLabelValues("REQ").Observe(time.Since(start).Seconds()) }()
-	pc, err := c.s.acquireQueryConn(ctx)
+	pc, release, err := c.queryConn(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
-	defer pc.Release()
+	defer release()
 	rows, err := pc.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, 0, err
@@ -426,11 +433,11 @@ func (c *conn) count(ctx context.Context, cfs []*compiledFilter) (int64, error) 
 	defer cancel()
 	start := time.Now()
 	defer func() { metrics.Queries.WithLabelValues("COUNT").Observe(time.Since(start).Seconds()) }()
-	pc, err := c.s.acquireQueryConn(ctx)
+	pc, release, err := c.queryConn(ctx)
 	if err != nil {
 		return 0, err
 	}
-	defer pc.Release()
+	defer release()
 	var n int64
 	err = pc.QueryRow(ctx, sql, args...).Scan(&n)
 	return n, err

@@ -11,12 +11,14 @@ import (
 	"net/http"
 	"net/netip"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/buzzpg/buzzpg/internal/hooks"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
@@ -219,10 +221,18 @@ func TestQueriesInFlightBoundedPerIP(t *testing.T) {
 	if err := lock.Tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []*client{a, b} {
+	for _, c := range []*client{a, b} { // answers in any order
+		want := map[string]bool{}
 		for i := range perConn {
-			if _, closed := c.collect(fmt.Sprint("q", i)); closed != "" {
-				t.Fatalf("a query of the client, released: CLOSED %q", closed)
+			want[fmt.Sprint("q", i)] = true
+		}
+		for len(want) > 0 {
+			m := c.read()
+			switch c.verb(m) {
+			case "EOSE":
+				delete(want, str(m[1]))
+			case "CLOSED":
+				t.Fatalf("a query of the client, released: %s", joinRaw(m))
 			}
 		}
 	}
@@ -246,4 +256,34 @@ func parkedIn(fn string) bool {
 		}
 	}
 	return false
+}
+
+// The client's share is held while its query runs, not while the rows are sent: an answer held
+// after its query (a slow reader, here the relay.req.queried hook) does not hold up the next
+// query of another connection at the same address.
+func TestIPShareNotHeldWhileSending(t *testing.T) {
+	tr := startRelay(t, func(c *Config) { c.MaxQueriesPerIP = 1 })
+	sk, pk := testenv.NewKey()
+	note := signed(sk, 1, "public", nostr.Now())
+	slow, next := tr.dial(t), tr.dial(t) // both 127.0.0.1
+	slow.mustPublish(note)
+	f := nostr.Filter{Authors: []string{pk}}
+	reached, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	remove := hooks.Set("relay.req.queried", func(ctx context.Context) {
+		first := false
+		once.Do(func() { first = true })
+		if first {
+			close(reached)
+			<-release
+		}
+	})
+	defer remove()
+	slow.sendJSON("REQ", "held", f)
+	<-reached
+	sameIDs(t, "another connection of the address while an answer is held", next.req("next", f), note)
+	close(release)
+	if got, closed := slow.collect("held"); closed != "" || len(got) != 1 {
+		t.Fatalf("the held answer: %d events, CLOSED %q", len(got), closed)
+	}
 }
