@@ -17,6 +17,19 @@ import (
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
+// publishedHiddenViewer is a viewer with one hidden DM x whose snapshot of generation g is
+// published.
+func (e *pubEnv) publishedHiddenViewer() (viewer, x string, g int64) {
+	e.t.Helper()
+	viewer, x = e.hiddenViewer()
+	g = e.gens(viewer).target
+	out, err := PublishSigned(context.Background(), e.pool, viewer, g, signedSnapshot(e.t, e.sk, viewer, []string{x}, e.dbNow()))
+	if err != nil || out != OutcomePublished {
+		e.t.Fatalf("first snapshot: %q %v", out, err)
+	}
+	return viewer, x, g
+}
+
 // outboxGeneration is the generation of viewer's outbox row (ok = false: no row).
 func (e *pubEnv) outboxGeneration(viewer string) (gen int64, ok bool) {
 	e.t.Helper()
@@ -119,11 +132,7 @@ func TestVisibilitySourceReadsOneSnapshot(t *testing.T) {
 func TestSnapshotCreatedAtFenceAfterHeadDeleted(t *testing.T) {
 	e := newPubEnv(t)
 	ctx := context.Background()
-	viewer, x := e.hiddenViewer()
-	g := e.gens(viewer).target
-	if out, err := PublishSigned(ctx, e.pool, viewer, g, signedSnapshot(t, e.sk, viewer, []string{x}, e.dbNow())); err != nil || out != OutcomePublished {
-		t.Fatalf("first snapshot: %q %v", out, err)
-	}
+	viewer, x, g := e.publishedHiddenViewer()
 	recorded := e.publishedCreatedAt(viewer)
 	if recorded == nil {
 		t.Fatal("setup: no published_created_at recorded")
@@ -151,11 +160,7 @@ func TestSnapshotCreatedAtFenceAfterHeadDeleted(t *testing.T) {
 func TestSnapshotCreatedAtHeadCheckAfterStateReset(t *testing.T) {
 	e := newPubEnv(t)
 	ctx := context.Background()
-	viewer, x := e.hiddenViewer()
-	g := e.gens(viewer).target
-	if out, err := PublishSigned(ctx, e.pool, viewer, g, signedSnapshot(t, e.sk, viewer, []string{x}, e.dbNow())); err != nil || out != OutcomePublished {
-		t.Fatalf("first snapshot: %q %v", out, err)
-	}
+	viewer, x, _ := e.publishedHiddenViewer()
 	head, _ := e.head(viewer)
 
 	e.exec(`DELETE FROM buzz.visibility_state WHERE viewer = $1`, viewer) // the operator's reset

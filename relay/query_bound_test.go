@@ -11,14 +11,12 @@ import (
 	"net/http"
 	"net/netip"
 	"runtime"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr"
 
-	"github.com/buzzpg/buzzpg/internal/hooks"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
@@ -64,15 +62,7 @@ func TestQueriesInFlightBoundedPerConnection(t *testing.T) {
 		want[id] = map[string]string{"REQ": "EOSE", "COUNT": "COUNT"}[verb]
 	}
 
-	waiting := func() int {
-		var n int
-		if err := tr.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = $1 AND application_name = 'buzzpg-query:test' AND wait_event_type = 'Lock'`,
-			testenv.DatabaseName(url)).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	waiting := func() int { return queriesWaitingOnLocks(t, tr, url) }
 	var n int
 	testenv.WaitUntil(t, 20*time.Second, "the flood's queries waiting on the lock", func() bool {
 		n = waiting()
@@ -199,15 +189,7 @@ func TestQueriesInFlightBoundedPerIP(t *testing.T) {
 			answers++
 		}
 	}
-	waiting := func() int {
-		var n int
-		if err := tr.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = $1 AND application_name = 'buzzpg-query:test' AND wait_event_type = 'Lock'`,
-			testenv.DatabaseName(url)).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	waiting := func() int { return queriesWaitingOnLocks(t, tr, url) }
 	var n int
 	testenv.WaitUntil(t, 20*time.Second, "the client's queries waiting on the lock", func() bool {
 		n = waiting()
@@ -268,17 +250,7 @@ func TestIPShareNotHeldWhileSending(t *testing.T) {
 	slow, next := tr.dial(t), tr.dial(t) // both 127.0.0.1
 	slow.mustPublish(note)
 	f := nostr.Filter{Authors: []string{pk}}
-	reached, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	remove := hooks.Set("relay.req.queried", func(ctx context.Context) {
-		first := false
-		once.Do(func() { first = true })
-		if first {
-			close(reached)
-			<-release
-		}
-	})
-	defer remove()
+	reached, release := holdFirstAnswer(t)
 	slow.sendJSON("REQ", "held", f)
 	<-reached
 	sameIDs(t, "another connection of the address while an answer is held", next.req("next", f), note)
@@ -286,4 +258,17 @@ func TestIPShareNotHeldWhileSending(t *testing.T) {
 	if got, closed := slow.collect("held"); closed != "" || len(got) != 1 {
 		t.Fatalf("the held answer: %d events, CLOSED %q", len(got), closed)
 	}
+}
+
+// queriesWaitingOnLocks counts the relay's query-pool backends on url's database that wait for a
+// lock (pg_stat_activity).
+func queriesWaitingOnLocks(t *testing.T, tr *testRelay, url string) int {
+	t.Helper()
+	var n int
+	if err := tr.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = $1 AND application_name = 'buzzpg-query:test' AND wait_event_type = 'Lock'`,
+		testenv.DatabaseName(url)).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

@@ -255,15 +255,7 @@ func TestInitialResultsShareOneBudget(t *testing.T) {
 	const n = 20
 	tr := startRelay(t, func(c *Config) { c.InitialResultBudget = 8 << 10 })
 	c := tr.dial(t)
-	sk, pk := testenv.NewKey()
-	base := int64(nostr.Now()) - 1000
-	var stored []nostr.Event
-	for i := range n {
-		ev := signed(sk, 1, strings.Repeat("x", 300), nostr.Timestamp(base+int64(i)))
-		c.mustPublish(ev)
-		stored = append(stored, ev)
-	}
-	f := nostr.Filter{Authors: []string{pk}}
+	stored, f := storeBudgetEvents(c, n)
 	// Alone, the answer is cut at the budget: about 8 KiB of ~560-byte events, the newest first.
 	got := c.req("alone", f)
 	if len(got) == 0 || len(got) >= n || got[0].ID != stored[n-1].ID {
@@ -274,17 +266,7 @@ func TestInitialResultsShareOneBudget(t *testing.T) {
 	alone := len(got)
 
 	// One answer held: the other REQ finds the budget spent.
-	reached, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	remove := hooks.Set("relay.req.queried", func(ctx context.Context) {
-		first := false
-		once.Do(func() { first = true })
-		if first {
-			close(reached)
-			<-release
-		}
-	})
-	defer remove()
+	reached, release := holdFirstAnswer(t)
 	holder := tr.dial(t)
 	holder.sendJSON("REQ", "held", f)
 	<-reached
@@ -309,15 +291,7 @@ func TestInitialResultsPerConnectionShare(t *testing.T) {
 	const n = 20
 	tr := startRelay(t, func(c *Config) { c.InitialResultPerConn = 8 << 10 })
 	c := tr.dial(t)
-	sk, pk := testenv.NewKey()
-	base := int64(nostr.Now()) - 1000
-	var stored []nostr.Event
-	for i := range n {
-		ev := signed(sk, 1, strings.Repeat("x", 300), nostr.Timestamp(base+int64(i)))
-		c.mustPublish(ev)
-		stored = append(stored, ev)
-	}
-	f := nostr.Filter{Authors: []string{pk}}
+	stored, f := storeBudgetEvents(c, n)
 	got := c.req("alone", f)
 	if len(got) == 0 || len(got) >= n || got[0].ID != stored[n-1].ID {
 		t.Fatalf("alone with an 8 KiB share: %d of %d events (first %v)", len(got), n, ids(got[:min(1, len(got))]))
@@ -325,17 +299,7 @@ func TestInitialResultsPerConnectionShare(t *testing.T) {
 	alone := len(got)
 	testenv.WaitUntil(t, 10*time.Second, "the share given back after the answer", func() bool { return tr.s.initial.used.Load() == 0 })
 
-	reached, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	remove := hooks.Set("relay.req.queried", func(ctx context.Context) {
-		first := false
-		once.Do(func() { first = true })
-		if first {
-			close(reached)
-			<-release
-		}
-	})
-	defer remove()
+	reached, release := holdFirstAnswer(t)
 	c.sendJSON("REQ", "held", f)
 	<-reached
 	if got, closed := c.reqOrClosed("second", f); len(got) != 0 || closed != "error: relay busy, try again" {
@@ -349,4 +313,36 @@ func TestInitialResultsPerConnectionShare(t *testing.T) {
 	if got, _ := c.collect("held"); len(got) != alone {
 		t.Fatalf("the held answer: %d events, want %d", len(got), alone)
 	}
+}
+
+// storeBudgetEvents publishes n events of about 560 bytes each through c and returns them
+// (oldest first) with a filter matching exactly them.
+func storeBudgetEvents(c *client, n int) ([]nostr.Event, nostr.Filter) {
+	c.t.Helper()
+	sk, pk := testenv.NewKey()
+	base := int64(nostr.Now()) - 1000
+	stored := make([]nostr.Event, 0, n)
+	for i := range n {
+		ev := signed(sk, 1, strings.Repeat("x", 300), nostr.Timestamp(base+int64(i)))
+		c.mustPublish(ev)
+		stored = append(stored, ev)
+	}
+	return stored, nostr.Filter{Authors: []string{pk}}
+}
+
+// holdFirstAnswer pauses the first REQ whose query completes from now on, after its query and
+// before its rows are sent (hook relay.req.queried): reached is closed when it is there, and
+// closing release lets it go on. The hook is removed at cleanup.
+func holdFirstAnswer(t *testing.T) (reached <-chan struct{}, release chan<- struct{}) {
+	r, rel := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	t.Cleanup(hooks.Set("relay.req.queried", func(ctx context.Context) {
+		first := false
+		once.Do(func() { first = true })
+		if first {
+			close(r)
+			<-rel
+		}
+	}))
+	return r, rel
 }

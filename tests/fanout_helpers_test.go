@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -41,4 +42,18 @@ func fanPsqlAccept(t testing.TB, dbURL string, ev *nostr.Event) {
 	if err := pool.QueryRow(context.Background(), `SELECT ok, message FROM buzz.accept_event($1::jsonb)`, string(b)).Scan(&ok, &msg); err != nil || !ok {
 		t.Fatalf("accept_event from SQL: %v %v %q", err, ok, msg)
 	}
+}
+
+// fanOpenDM opens (or finds) the DM of u and with over c, on which u is authenticated, and
+// returns its channel id.
+func fanOpenDM(t testing.TB, c *testenv.Client, u fanUser, with string) string {
+	t.Helper()
+	msg := c.MustPublish(u.event(41010, "", nostr.Tag{"p", with}))
+	var resp struct {
+		ChannelID string `json:"channel_id"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(msg, "response:")), &resp); err != nil || resp.ChannelID == "" {
+		t.Fatalf("DM open response %q: %v", msg, err)
+	}
+	return resp.ChannelID
 }

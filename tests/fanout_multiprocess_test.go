@@ -2,8 +2,6 @@ package tests
 
 import (
 	"context"
-	"encoding/json"
-	"strings"
 	"testing"
 	"time"
 
@@ -92,13 +90,7 @@ func TestFanoutPrivateEventsRespectGates(t *testing.T) {
 
 	aliceC := testenv.Dial(t, rs[0].URL)
 	aliceC.Auth(alice.sk)
-	msg := aliceC.MustPublish(alice.event(41010, "", nostr.Tag{"p", bob.pk}))
-	var resp struct {
-		ChannelID string `json:"channel_id"`
-	}
-	if err := json.Unmarshal([]byte(strings.TrimPrefix(msg, "response:")), &resp); err != nil || resp.ChannelID == "" {
-		t.Fatalf("DM open response %q: %v", msg, err)
-	}
+	channel := fanOpenDM(t, aliceC, alice, bob.pk)
 
 	filter := nostr.Filter{Authors: []string{alice.pk}, Kinds: []int{1, 9, 1059}}
 	bobS := bobC.Subscribe(filter)
@@ -107,7 +99,7 @@ func TestFanoutPrivateEventsRespectGates(t *testing.T) {
 
 	gift := alice.event(1059, "sealed for bob", nostr.Tag{"p", bob.pk})
 	aliceC.MustPublish(gift)
-	dm := alice.event(9, "hi bob", nostr.Tag{"h", resp.ChannelID})
+	dm := alice.event(9, "hi bob", nostr.Tag{"h", channel})
 	aliceC.MustPublish(dm)
 	// Barrier: a public event committed after the private ones. Each process delivers in commit
 	// order, so once a subscriber has it, a leaked private event would have arrived before.
@@ -264,13 +256,7 @@ func TestFanoutMemberEditsReachLiveDelivery(t *testing.T) {
 	alice, bob, carol := newFanUser(), newFanUser(), newFanUser()
 	aliceC := testenv.Dial(t, rs[0].URL)
 	aliceC.Auth(alice.sk)
-	msg := aliceC.MustPublish(alice.event(41010, "", nostr.Tag{"p", bob.pk}))
-	var resp struct {
-		ChannelID string `json:"channel_id"`
-	}
-	if err := json.Unmarshal([]byte(strings.TrimPrefix(msg, "response:")), &resp); err != nil || resp.ChannelID == "" {
-		t.Fatalf("DM open response %q: %v", msg, err)
-	}
+	channel := fanOpenDM(t, aliceC, alice, bob.pk)
 	filter := nostr.Filter{Authors: []string{alice.pk}, Kinds: []int{1, 9}}
 	bobC, carolC := testenv.Dial(t, rs[1].URL), testenv.Dial(t, rs[1].URL)
 	bobC.Auth(bob.sk)
@@ -280,11 +266,11 @@ func TestFanoutMemberEditsReachLiveDelivery(t *testing.T) {
 	step := func(name string, edit string, got, notGot []*testenv.Sub) {
 		t.Helper()
 		if edit != "" {
-			if _, err := pool.Exec(context.Background(), edit, resp.ChannelID, bob.pk, carol.pk); err != nil {
+			if _, err := pool.Exec(context.Background(), edit, channel, bob.pk, carol.pk); err != nil {
 				t.Fatalf("%s: %v", name, err)
 			}
 		}
-		dm := alice.event(9, name, nostr.Tag{"h", resp.ChannelID})
+		dm := alice.event(9, name, nostr.Tag{"h", channel})
 		aliceC.MustPublish(dm)
 		barrier := alice.event(1, "after "+name)
 		aliceC.MustPublish(barrier)
