@@ -1,0 +1,47 @@
+-- A deletion takes its locks in a fixed order: the e targets sorted (each target's advisory lock,
+-- then its event row and reminder row), then the a addresses sorted. In tag order, two deletions
+-- naming the same events in different orders, or a deletion and a batch reminder confirm (which
+-- locks its rows in id order: the scheduler sorts them), could each hold what the other waits for;
+-- PostgreSQL broke the cycle after deadlock_timeout (1 s) and one side was retried. Duplicate
+-- targets are taken once.
+
+CREATE OR REPLACE FUNCTION buzz.apply_deletion(author text, del_id text, del_created_at bigint, p_tags jsonb)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+  target text;
+  addr text;
+  parts text[];
+  k integer;
+BEGIN
+  FOREACH target IN ARRAY ARRAY(SELECT DISTINCT t FROM unnest(buzz.tag_values(p_tags, 'e')) t ORDER BY t) LOOP
+    CONTINUE WHEN NOT buzz.is_hex64(target);
+    PERFORM pg_advisory_xact_lock(hashtextextended('event:' || target, 0));  -- see accept_event
+    DELETE FROM buzz.events WHERE id = target AND pubkey = author AND kind <> 5;
+    UPDATE buzz.reminders SET state = 'cancelled', cancelled_at = now(), lease_until = NULL
+     WHERE id = target AND pubkey = author AND state IN ('armed', 'claimed');
+    -- A tombstone even for ids not seen yet: the id stays deleted when published later. It is
+    -- keyed by (id, deleter): a request naming someone else's id must not take the slot of the
+    -- author's own tombstone (only the author's one is honoured by accept_event).
+    INSERT INTO buzz.deleted_ids (id, pubkey, deleted_by) VALUES (target, author, del_id)
+    ON CONFLICT (id, pubkey) DO NOTHING;
+  END LOOP;
+  FOREACH addr IN ARRAY ARRAY(SELECT DISTINCT a FROM unnest(buzz.tag_values(p_tags, 'a')) a ORDER BY a) LOOP
+    parts := regexp_match(addr, '^([0-9]{1,5}):([0-9a-f]{64}):(.*)$');
+    CONTINUE WHEN parts IS NULL OR parts[2] <> author;
+    k := parts[1]::integer;
+    CONTINUE WHEN buzz.kind_class(k) NOT IN ('replaceable', 'addressable');
+    PERFORM pg_advisory_xact_lock(hashtextextended(k || ':' || author || ':' || parts[3], 0));
+    DELETE FROM buzz.events
+     WHERE kind = k AND pubkey = author AND created_at <= del_created_at
+       AND (buzz.kind_class(k) = 'replaceable' OR d_tag = parts[3]);
+    UPDATE buzz.reminders SET state = 'cancelled', cancelled_at = now(), lease_until = NULL
+     WHERE k = 30300 AND pubkey = author AND d_tag = parts[3] AND created_at <= del_created_at
+       AND state IN ('armed', 'claimed');
+    INSERT INTO buzz.deleted_addresses AS da (kind, pubkey, d_tag, until_created_at)
+    VALUES (k, author, CASE WHEN buzz.kind_class(k) = 'replaceable' THEN '' ELSE parts[3] END, del_created_at)
+    ON CONFLICT (kind, pubkey, d_tag) DO UPDATE
+      SET until_created_at = greatest(da.until_created_at, EXCLUDED.until_created_at);
+  END LOOP;
+END $$;
+COMMENT ON FUNCTION buzz.apply_deletion(text, text, bigint, jsonb) IS
+  'NIP-09: deletes the author''s own events named by e tags (leaving tombstones) and versions of a-tag addresses up to the request''s created_at; cancels affected reminders. Targets are taken in sorted order, each once (lock order).';
