@@ -462,3 +462,58 @@ func TestSchedulerListenReconnects(t *testing.T) {
 	after := e.store(time.Now().Unix() + 1)
 	e.waitState(after.ID, "confirmed", 20*time.Second)
 }
+
+// DESIGN: bursts use the batch forms. 250 reminders already due when the scheduler starts are
+// claimed and confirmed at least 100 to a transaction (here all in one claim of BatchSize), and
+// their due signals travel 100 to a logical message: the test_decoding slot shows how many
+// transactions and messages carried them.
+func TestSchedulerBurstUsesBatches(t *testing.T) {
+	const n = 250
+	e := newRemEnv(t)
+	past := time.Now().Unix() - 60
+	for range n {
+		e.store(past)
+	}
+	s := e.start("s1", SchedulerConfig{MaxSleep: time.Minute})
+	testenv.WaitUntil(t, 60*time.Second, "every reminder confirmed", func() bool { return s.confirmed.Load() == n })
+
+	rows, err := e.pool.Query(context.Background(), `SELECT data FROM pg_logical_slot_get_changes($1, NULL, NULL)`, e.slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	txns, messages, signals, inTxn := 0, 0, 0, 0
+	for rows.Next() {
+		var data string
+		if err := rows.Scan(&data); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case strings.HasPrefix(data, "BEGIN"):
+			inTxn = 0
+		case strings.HasPrefix(data, "COMMIT"):
+			if inTxn > 0 {
+				txns++
+			}
+		default:
+			sigs, err := testenv.DueSignals(data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(sigs) > 0 {
+				messages++
+				signals += len(sigs)
+				inTxn += len(sigs)
+				if len(sigs) > 100 {
+					t.Fatalf("a message of %d due signals, want at most 100", len(sigs))
+				}
+			}
+		}
+	}
+	if signals != n {
+		t.Fatalf("%d due signals for %d reminders", signals, n)
+	}
+	if txns > (n+99)/100 || messages > (n+99)/100+txns {
+		t.Fatalf("%d reminders confirmed in %d transactions and %d messages; a burst must go at least 100 to a transaction and to a message", n, txns, messages)
+	}
+}
