@@ -99,9 +99,9 @@ func (c *conn) authedList() []string { return *c.authed.Load() }
 // run is the read loop; it returns when the connection is finished and cleaned up.
 func (c *conn) run() {
 	c.ws.SetReadLimit(int64(c.s.cfg.MaxMessageLength))
-	_ = c.ws.SetReadDeadline(timeNow().Add(pongWait))
+	_ = c.ws.SetReadDeadline(timeNow().Add(c.s.readWait))
 	c.ws.SetPongHandler(func(string) error {
-		return c.ws.SetReadDeadline(timeNow().Add(pongWait))
+		return c.ws.SetReadDeadline(timeNow().Add(c.s.readWait))
 	})
 	c.ws.SetPingHandler(func(data string) error {
 		// Only the latest ping needs an answer (RFC 6455 5.5.3).
@@ -110,7 +110,7 @@ func (c *conn) run() {
 		default:
 		}
 		c.pong <- data // the read loop is the only sender, so there is room now
-		return c.ws.SetReadDeadline(timeNow().Add(pongWait))
+		return c.ws.SetReadDeadline(timeNow().Add(c.s.readWait))
 	})
 	go c.writeLoop()
 	c.log.Debug("connected")
@@ -132,8 +132,10 @@ func (c *conn) run() {
 			}
 			break
 		}
-		_ = c.ws.SetReadDeadline(timeNow().Add(pongWait))
 		c.handle(data)
+		// Renewed after handling, not before: handling can wait for the client's own queries
+		// (the per-connection bound), and that wait must not count against its read deadline.
+		_ = c.ws.SetReadDeadline(timeNow().Add(c.s.readWait))
 	}
 	if r, ok := c.closeReason.Load().(string); ok {
 		reason = r

@@ -245,3 +245,32 @@ func queriesWaitingOnLocks(t *testing.T, tr *testRelay, url string) int {
 	}
 	return n
 }
+
+// A read loop that waits for the client's own queries (the per-connection bound) does not count
+// that wait against the connection's read deadline: renewed before handling, a wait longer than
+// the deadline made the next read fail at once and dropped a client that had done nothing wrong.
+// The read deadline is shortened to 1 s (short enough for a test, long enough that a loaded
+// machine does not trip it elsewhere), and the wait outlasts it (a sleep: the deadline's expiry
+// is the scenario itself, not an ordering of steps).
+func TestWaitingForOwnQueriesKeepsTheConnection(t *testing.T) {
+	tr := startRelay(t, func(c *Config) { c.MaxQueriesInFlight = 1 })
+	tr.s.readWait = time.Second
+	c := tr.dial(t)
+	sk, pk := testenv.NewKey()
+	note := signed(sk, 1, "public", nostr.Now())
+	c.mustPublish(note)
+	f := nostr.Filter{Authors: []string{pk}}
+	reached, release := holdFirstAnswer(t)
+	c.sendJSON("REQ", "held", f)
+	<-reached
+	c.sendJSON("REQ", "waits", f) // the read loop now waits for "held"'s slot
+	testenv.WaitUntil(t, 10*time.Second, "the read loop waiting for the query slot", boundReadLoopParkedInAcquire)
+	time.Sleep(2 * tr.s.readWait)
+	close(release)
+	for _, id := range []string{"held", "waits"} {
+		if got, closed := c.collect(id); closed != "" || len(got) != 1 {
+			t.Fatalf("REQ %s: %d events, CLOSED %q", id, len(got), closed)
+		}
+	}
+	sameIDs(t, "a REQ after the wait", c.req("after", f), note)
+}

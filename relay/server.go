@@ -50,6 +50,7 @@ type Server struct {
 	nextID   atomic.Uint64
 
 	memberWait time.Duration // how long one member-set lookup may take (memberLookupWait)
+	readWait   time.Duration // read deadline of a connection (pongWait)
 	// lookup serves live delivery's member-set lookups (SetLookupPool); the acceptance pool
 	// until set.
 	lookup *pgxpool.Pool
@@ -91,6 +92,7 @@ func New(cfg Config, acceptPool, queryPool *pgxpool.Pool) (*Server, error) {
 	}
 	s.stop, s.stopWork = context.WithCancel(context.Background())
 	s.memberWait = memberLookupWait
+	s.readWait = pongWait
 	s.lookup = acceptPool
 	if cfg.RelaySecretKey != "" {
 		pk, err := nostr.GetPublicKey(cfg.RelaySecretKey)
