@@ -274,3 +274,23 @@ func TestWaitingForOwnQueriesKeepsTheConnection(t *testing.T) {
 	}
 	sameIDs(t, "a REQ after the wait", c.req("after", f), note)
 }
+
+// The client's share is held while its query runs, not while the rows are sent: an answer held
+// after its query (a slow reader, here the relay.req.queried hook) does not hold up the next
+// query of another connection at the same address.
+func TestIPShareNotHeldWhileSending(t *testing.T) {
+	tr := startRelay(t, func(c *Config) { c.MaxQueriesPerIP = 1 })
+	sk, pk := testenv.NewKey()
+	note := signed(sk, 1, "public", nostr.Now())
+	slow, next := tr.dial(t), tr.dial(t) // both 127.0.0.1
+	slow.mustPublish(note)
+	f := nostr.Filter{Authors: []string{pk}}
+	reached, release := holdFirstAnswer(t)
+	slow.sendJSON("REQ", "held", f)
+	<-reached
+	sameIDs(t, "another connection of the address while an answer is held", next.req("next", f), note)
+	close(release)
+	if got, closed := slow.collect("held"); closed != "" || len(got) != 1 {
+		t.Fatalf("the held answer: %d events, CLOSED %q", len(got), closed)
+	}
+}
