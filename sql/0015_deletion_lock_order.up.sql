@@ -1,9 +1,15 @@
--- A deletion takes its locks in a fixed order: the e targets sorted (each target's advisory lock,
--- then its event row and reminder row), then the a addresses sorted. In tag order, two deletions
--- naming the same events in different orders, or a deletion and a batch reminder confirm (which
--- locks its rows in id order: the scheduler sorts them), could each hold what the other waits for;
--- PostgreSQL broke the cycle after deadlock_timeout (1 s) and one side was retried. Duplicate
--- targets are taken once.
+-- A deletion takes its locks in one order, the one acceptance uses:
+--   1. the a addresses, sorted: each address lock, then the versions' rows (accept_event takes
+--      the address lock, then the head row FOR UPDATE);
+--   2. the e targets, sorted: each target's advisory lock, then its event row and reminder row.
+-- In tag order, e before a, two deletions naming the same events in opposite orders could each
+-- hold what the other waited for, and so could a deletion naming both a version (e) and its
+-- address (a) and the acceptance of a newer version of that address. PostgreSQL broke each cycle
+-- after deadlock_timeout (1 s) and one side was retried. Targets named twice are taken once.
+--
+-- The address lock of a replaceable kind is now kind:pubkey:'' as in accept_event (it used the a
+-- tag's third part, so a deletion and a concurrent acceptance of that kind did not serialise, and
+-- a version the deletion should cover could survive).
 
 CREATE OR REPLACE FUNCTION buzz.apply_deletion(author text, del_id text, del_created_at bigint, p_tags jsonb)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -12,7 +18,26 @@ DECLARE
   addr text;
   parts text[];
   k integer;
+  d text;
 BEGIN
+  FOREACH addr IN ARRAY ARRAY(SELECT DISTINCT a FROM unnest(buzz.tag_values(p_tags, 'a')) a ORDER BY a) LOOP
+    parts := regexp_match(addr, '^([0-9]{1,5}):([0-9a-f]{64}):(.*)$');
+    CONTINUE WHEN parts IS NULL OR parts[2] <> author;
+    k := parts[1]::integer;
+    CONTINUE WHEN buzz.kind_class(k) NOT IN ('replaceable', 'addressable');
+    d := CASE WHEN buzz.kind_class(k) = 'replaceable' THEN '' ELSE parts[3] END;
+    PERFORM pg_advisory_xact_lock(hashtextextended(k || ':' || author || ':' || d, 0));  -- see accept_event
+    DELETE FROM buzz.events
+     WHERE kind = k AND pubkey = author AND created_at <= del_created_at
+       AND (buzz.kind_class(k) = 'replaceable' OR d_tag = d);
+    UPDATE buzz.reminders SET state = 'cancelled', cancelled_at = now(), lease_until = NULL
+     WHERE k = 30300 AND pubkey = author AND d_tag = d AND created_at <= del_created_at
+       AND state IN ('armed', 'claimed');
+    INSERT INTO buzz.deleted_addresses AS da (kind, pubkey, d_tag, until_created_at)
+    VALUES (k, author, d, del_created_at)
+    ON CONFLICT (kind, pubkey, d_tag) DO UPDATE
+      SET until_created_at = greatest(da.until_created_at, EXCLUDED.until_created_at);
+  END LOOP;
   FOREACH target IN ARRAY ARRAY(SELECT DISTINCT t FROM unnest(buzz.tag_values(p_tags, 'e')) t ORDER BY t) LOOP
     CONTINUE WHEN NOT buzz.is_hex64(target);
     PERFORM pg_advisory_xact_lock(hashtextextended('event:' || target, 0));  -- see accept_event
@@ -25,23 +50,6 @@ BEGIN
     INSERT INTO buzz.deleted_ids (id, pubkey, deleted_by) VALUES (target, author, del_id)
     ON CONFLICT (id, pubkey) DO NOTHING;
   END LOOP;
-  FOREACH addr IN ARRAY ARRAY(SELECT DISTINCT a FROM unnest(buzz.tag_values(p_tags, 'a')) a ORDER BY a) LOOP
-    parts := regexp_match(addr, '^([0-9]{1,5}):([0-9a-f]{64}):(.*)$');
-    CONTINUE WHEN parts IS NULL OR parts[2] <> author;
-    k := parts[1]::integer;
-    CONTINUE WHEN buzz.kind_class(k) NOT IN ('replaceable', 'addressable');
-    PERFORM pg_advisory_xact_lock(hashtextextended(k || ':' || author || ':' || parts[3], 0));
-    DELETE FROM buzz.events
-     WHERE kind = k AND pubkey = author AND created_at <= del_created_at
-       AND (buzz.kind_class(k) = 'replaceable' OR d_tag = parts[3]);
-    UPDATE buzz.reminders SET state = 'cancelled', cancelled_at = now(), lease_until = NULL
-     WHERE k = 30300 AND pubkey = author AND d_tag = parts[3] AND created_at <= del_created_at
-       AND state IN ('armed', 'claimed');
-    INSERT INTO buzz.deleted_addresses AS da (kind, pubkey, d_tag, until_created_at)
-    VALUES (k, author, CASE WHEN buzz.kind_class(k) = 'replaceable' THEN '' ELSE parts[3] END, del_created_at)
-    ON CONFLICT (kind, pubkey, d_tag) DO UPDATE
-      SET until_created_at = greatest(da.until_created_at, EXCLUDED.until_created_at);
-  END LOOP;
 END $$;
 COMMENT ON FUNCTION buzz.apply_deletion(text, text, bigint, jsonb) IS
-  'NIP-09: deletes the author''s own events named by e tags (leaving tombstones) and versions of a-tag addresses up to the request''s created_at; cancels affected reminders. Targets are taken in sorted order, each once (lock order).';
+  'NIP-09: deletes the author''s own versions of a-tag addresses up to the request''s created_at and events named by e tags (leaving tombstones); cancels affected reminders. Locks in acceptance''s order: addresses, then ids, each sorted and taken once.';
