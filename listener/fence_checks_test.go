@@ -82,9 +82,7 @@ func TestVisibilitySourceReadsOneSnapshot(t *testing.T) {
 	for _, table := range []string{"buzz.members", "buzz.visibility_state"} {
 		for _, rd := range readers {
 			t.Run(table+"/"+rd.name, func(t *testing.T) {
-				_, viewer := testenv.NewKey()
-				x, _ := e.dm(viewer)
-				y, _ := e.dm(viewer)
+				viewer, x, y := e.viewerWithTwoDMs()
 				e.hide(viewer, x)
 				g, setG := e.gens(viewer).target, e.hiddenSet(viewer) // g = {x}
 
@@ -190,21 +188,11 @@ func TestSnapshotCreatedAtHeadCheckAfterStateReset(t *testing.T) {
 func TestSnapshotPublishKeepsNewerOutboxRow(t *testing.T) {
 	e := newPubEnv(t)
 	ctx := context.Background()
-	_, viewer := testenv.NewKey()
-	x, _ := e.dm(viewer)
-	y, _ := e.dm(viewer)
+	viewer, x, y := e.viewerWithTwoDMs()
 	e.hide(viewer, x)
 	g := e.gens(viewer).target
 
-	a := e.publisher("A", nil)
-	gateA := pauseAt(t, HookBeforeFence, "A")
-	type res struct {
-		out string
-		err error
-	}
-	resA := make(chan res, 1)
-	go func() { o, err := a.PublishViewer(ctx, viewer); resA <- res{o, err} }()
-	gateA.wait(t) // A holds g = {x}
+	a, gateA, resA := e.pausedPublisher("A", viewer) // A holds g = {x}
 
 	e.hide(viewer, y) // g+1 = {x, y}
 	if og, ok := e.outboxGeneration(viewer); !ok || og != g+1 {
@@ -238,9 +226,7 @@ func TestSnapshotPublishKeepsNewerOutboxRow(t *testing.T) {
 func TestSnapshotStaleClearsCoveredOutboxRow(t *testing.T) {
 	e := newPubEnv(t)
 	ctx := context.Background()
-	_, viewer := testenv.NewKey()
-	x, _ := e.dm(viewer)
-	y, _ := e.dm(viewer)
+	viewer, x, y := e.viewerWithTwoDMs()
 	e.hide(viewer, x)
 	src, err := ReadSource(ctx, e.pool, viewer)
 	if err != nil {

@@ -115,9 +115,7 @@ func TestPublishRetriesSerializationFailure(t *testing.T) {
 func TestSnapshotNewGenerationResetsBackoff(t *testing.T) {
 	e := newPubEnv(t)
 	ctx := context.Background()
-	_, viewer := testenv.NewKey()
-	x, _ := e.dm(viewer)
-	y, _ := e.dm(viewer)
+	viewer, x, y := e.viewerWithTwoDMs()
 
 	e.exec(`CREATE FUNCTION public.fail_snapshots() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN RAISE EXCEPTION 'test: snapshot storage down'; END $$;

@@ -77,15 +77,7 @@ func olderReadAcrossReset(t *testing.T, changes int) {
 		t.Fatalf("setup: generation %d, want 3", before.target)
 	}
 
-	a := e.publisher("A", nil)
-	gate := pauseAt(t, HookBeforeFence, "A")
-	type res struct {
-		out string
-		err error
-	}
-	done := make(chan res, 1)
-	go func() { o, err := a.PublishViewer(context.Background(), viewer); done <- res{o, err} }()
-	gate.wait(t) // A holds generation 3 with X hidden
+	_, gate, done := e.pausedPublisher("A", viewer) // A holds generation 3 with X hidden
 
 	e.exec(`DELETE FROM buzz.visibility_state WHERE viewer = $1`, viewer)
 	for i := 0; i < changes; i++ { // unhide, hide, unhide, ...

@@ -355,3 +355,30 @@ func (w *pubTLog) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
+
+// viewerWithTwoDMs is a new viewer with two DMs, x and y, neither hidden.
+func (e *pubEnv) viewerWithTwoDMs() (viewer, x, y string) {
+	e.t.Helper()
+	_, viewer = testenv.NewKey()
+	x, _ = e.dm(viewer)
+	y, _ = e.dm(viewer)
+	return viewer, x, y
+}
+
+// publishResult is what a PublishViewer running in the background returned.
+type publishResult struct {
+	out string
+	err error
+}
+
+// pausedPublisher starts publisher instance name on viewer in the background and returns once it
+// is held at HookBeforeFence, its source read: the gate lets it go on, done gets its outcome.
+func (e *pubEnv) pausedPublisher(name, viewer string) (p *Publisher, g *gate, done <-chan publishResult) {
+	e.t.Helper()
+	p = e.publisher(name, nil)
+	g = pauseAt(e.t, HookBeforeFence, name)
+	ch := make(chan publishResult, 1)
+	go func() { o, err := p.PublishViewer(context.Background(), viewer); ch <- publishResult{o, err} }()
+	g.wait(e.t)
+	return p, g, ch
+}

@@ -115,15 +115,7 @@ func TestSnapshotPausedStalePublisherIsFenced(t *testing.T) {
 
 			e.hide(viewer, x) // g = {X}
 			g := e.gens(viewer).target
-			a := e.publisher("A", nil)
-			gateA := pauseAt(t, HookBeforeFence, "A")
-			type res struct {
-				out string
-				err error
-			}
-			resA := make(chan res, 1)
-			go func() { o, err := a.PublishViewer(ctx, viewer); resA <- res{o, err} }()
-			gateA.wait(t) // A holds g with {X}
+			_, gateA, resA := e.pausedPublisher("A", viewer) // A holds g with {X}
 
 			e.unhide(viewer, x) // g+1 = {}
 			if variant == "same-clock" {
@@ -354,9 +346,7 @@ func TestSnapshotSQLHidesConverge(t *testing.T) {
 	e := newPubEnv(t)
 	p := e.publisher("sql", func(c *PublisherConfig) { c.SweepInterval = 50 * time.Millisecond })
 	e.start(p)
-	_, viewer := testenv.NewKey()
-	x, _ := e.dm(viewer)
-	y, _ := e.dm(viewer)
+	viewer, x, y := e.viewerWithTwoDMs()
 	e.exec(`SELECT buzz.hide_dm($1, $2::uuid)`, viewer, x)
 	e.waitConverged([]string{viewer}, 10*time.Second)
 	if _, hs := e.head(viewer); !slices.Equal(hs, []string{x}) {

@@ -37,7 +37,6 @@ func TestQueriesInFlightBoundedPerConnection(t *testing.T) {
 		c.MaxQueriesInFlight = bound
 		c.QueryTimeout = time.Minute // the test releases the queries itself
 	})
-	ctx := context.Background()
 	sk, pk := testenv.NewKey()
 	note := signed(sk, 1, "public", nostr.Now())
 	flood := tr.dial(t)
@@ -45,12 +44,7 @@ func TestQueriesInFlightBoundedPerConnection(t *testing.T) {
 	flood.mustPublish(note)
 	other := tr.dial(t)
 
-	lock := testenv.NewSession(t, url, "members-lock")
-	lock.Begin()
-	defer lock.Tx.Rollback(ctx)
-	if _, err := lock.Tx.Exec(ctx, `LOCK TABLE buzz.members IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	lock := lockMembers(t, url)
 
 	// Twice the bound, REQs and COUNTs alternating: they share one bound.
 	f := nostr.Filter{Authors: []string{pk}, Kinds: []int{1}}
@@ -79,9 +73,7 @@ func TestQueriesInFlightBoundedPerConnection(t *testing.T) {
 	}
 
 	// Released, every query of the flood is answered: the bound delays them, it drops none.
-	if err := lock.Tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
+	lock.Rollback()
 	for len(want) > 0 {
 		m := flood.read()
 		id := ""
@@ -138,7 +130,6 @@ func TestQueriesInFlightBoundedPerIP(t *testing.T) {
 		c.QueryTimeout = time.Minute
 		c.TrustedProxies = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
 	})
-	ctx := context.Background()
 	dialFrom := func(ip string) *client {
 		t.Helper()
 		ws, _, err := websocket.DefaultDialer.Dial(tr.url, http.Header{"X-Forwarded-For": {ip}})
@@ -159,12 +150,7 @@ func TestQueriesInFlightBoundedPerIP(t *testing.T) {
 	a.mustPublish(note)
 	other := dialFrom("203.0.113.5")
 
-	lock := testenv.NewSession(t, url, "members-lock")
-	lock.Begin()
-	defer lock.Tx.Rollback(ctx)
-	if _, err := lock.Tx.Exec(ctx, `LOCK TABLE buzz.members IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	lock := lockMembers(t, url)
 	f := nostr.Filter{Authors: []string{pk}, Kinds: []int{1}}
 	answers := 0
 	for _, c := range []*client{a, b} {
@@ -184,9 +170,7 @@ func TestQueriesInFlightBoundedPerIP(t *testing.T) {
 	}
 	sameIDs(t, "REQ of a client at another address", other.req("other", f), note)
 
-	if err := lock.Tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
+	lock.Rollback()
 	for _, c := range []*client{a, b} { // answers in any order
 		want := map[string]bool{}
 		for i := range perConn {
@@ -293,4 +277,17 @@ func TestIPShareNotHeldWhileSending(t *testing.T) {
 	if got, closed := slow.collect("held"); closed != "" || len(got) != 1 {
 		t.Fatalf("the held answer: %d events, CLOSED %q", len(got), closed)
 	}
+}
+
+// lockMembers holds buzz.members in ACCESS EXCLUSIVE mode on its own session until Rollback (or
+// the test's end): authenticated clients' gate SQL reads the table, so their queries wait.
+func lockMembers(t *testing.T, url string) *testenv.Session {
+	t.Helper()
+	lock := testenv.NewSession(t, url, "members-lock")
+	lock.Begin()
+	t.Cleanup(func() { _ = lock.Tx.Rollback(context.Background()) })
+	if _, err := lock.Tx.Exec(context.Background(), `LOCK TABLE buzz.members IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	return lock
 }

@@ -32,6 +32,17 @@ func (u fanUser) event(kind int, content string, tags ...nostr.Tag) *nostr.Event
 	return ev
 }
 
+// eventAt signs a new event created at at, with exactly these tags (no nonce: the created_at
+// tells versions apart).
+func (u fanUser) eventAt(t testing.TB, kind int, at nostr.Timestamp, tags ...nostr.Tag) *nostr.Event {
+	t.Helper()
+	ev := &nostr.Event{Kind: kind, CreatedAt: at, Tags: append(nostr.Tags{}, tags...), Content: "v"}
+	if err := ev.Sign(u.sk); err != nil {
+		t.Fatal(err)
+	}
+	return ev
+}
+
 // fanPsqlAccept stores ev the way an operator does from psql.
 func fanPsqlAccept(t testing.TB, dbURL string, ev *nostr.Event) {
 	t.Helper()

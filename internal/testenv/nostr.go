@@ -108,6 +108,14 @@ func (s *Session) Commit() {
 	}
 }
 
+// Rollback ends the session's transaction without committing it.
+func (s *Session) Rollback() {
+	s.t.Helper()
+	if err := s.Tx.Rollback(context.Background()); err != nil {
+		s.t.Error(err)
+	}
+}
+
 // Async runs fn in a goroutine and returns a channel closed when it is done.
 func Async(fn func()) <-chan struct{} {
 	done := make(chan struct{})
