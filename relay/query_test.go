@@ -252,18 +252,9 @@ func TestLiveDedupAroundInitialQuery(t *testing.T) {
 // answer waits (held at a hook after its query), another REQ finds nothing left and is told so;
 // once sent, the budget is whole again.
 func TestInitialResultsShareOneBudget(t *testing.T) {
-	const n = 20
 	tr := startRelay(t, func(c *Config) { c.InitialResultBudget = 8 << 10 })
 	c := tr.dial(t)
-	stored, f := storeBudgetEvents(c, n)
-	// Alone, the answer is cut at the budget: about 8 KiB of ~560-byte events, the newest first.
-	got := c.req("alone", f)
-	if len(got) == 0 || len(got) >= n || got[0].ID != stored[n-1].ID {
-		t.Fatalf("alone under an 8 KiB budget: %d of %d events (first %v)", len(got), n, ids(got[:min(1, len(got))]))
-	}
-	// Given back once queued, which may follow the client's EOSE by a moment.
-	testenv.WaitUntil(t, 10*time.Second, "the budget given back after the answer", func() bool { return tr.s.initial.used.Load() == 0 })
-	alone := len(got)
+	f, alone := cutAnswer(t, tr, c, "the 8 KiB budget")
 
 	// One answer held: the other REQ finds the budget spent.
 	reached, release := holdFirstAnswer(t)
@@ -288,16 +279,9 @@ func TestInitialResultsShareOneBudget(t *testing.T) {
 // reading slowly on a few connections cannot take all of it. The connection whose earlier answer
 // is held gets the busy CLOSED; another connection is still answered in full.
 func TestInitialResultsPerConnectionShare(t *testing.T) {
-	const n = 20
 	tr := startRelay(t, func(c *Config) { c.InitialResultPerConn = 8 << 10 })
 	c := tr.dial(t)
-	stored, f := storeBudgetEvents(c, n)
-	got := c.req("alone", f)
-	if len(got) == 0 || len(got) >= n || got[0].ID != stored[n-1].ID {
-		t.Fatalf("alone with an 8 KiB share: %d of %d events (first %v)", len(got), n, ids(got[:min(1, len(got))]))
-	}
-	alone := len(got)
-	testenv.WaitUntil(t, 10*time.Second, "the share given back after the answer", func() bool { return tr.s.initial.used.Load() == 0 })
+	f, alone := cutAnswer(t, tr, c, "the 8 KiB share")
 
 	reached, release := holdFirstAnswer(t)
 	c.sendJSON("REQ", "held", f)
@@ -345,4 +329,19 @@ func holdFirstAnswer(t *testing.T) (reached <-chan struct{}, release chan<- stru
 		}
 	}))
 	return r, rel
+}
+
+// cutAnswer stores 20 events of about 560 bytes through c and asks for them alone: the answer is
+// cut at an 8 KiB bound (bound names it), newest first. It returns the filter and how many
+// events fit, once the bytes are given back (which may follow the client's EOSE by a moment).
+func cutAnswer(t *testing.T, tr *testRelay, c *client, bound string) (nostr.Filter, int) {
+	t.Helper()
+	const n = 20
+	stored, f := storeBudgetEvents(c, n)
+	got := c.req("alone", f)
+	if len(got) == 0 || len(got) >= n || got[0].ID != stored[n-1].ID {
+		t.Fatalf("alone under %s: %d of %d events (first %v)", bound, len(got), n, ids(got[:min(1, len(got))]))
+	}
+	testenv.WaitUntil(t, 10*time.Second, "the bytes given back after the answer", func() bool { return tr.s.initial.used.Load() == 0 })
+	return f, len(got)
 }
