@@ -156,3 +156,50 @@ func TestDeletionOfAReplaceableKindSerialisesWithAcceptance(t *testing.T) {
 	}
 	acc.Commit()
 }
+
+// A deletion naming a version X both by id and by address, beside the acceptance of X itself.
+// A third session holds X's address lock; the deletion starts first and waits, then the
+// acceptance (which takes event:X, then the address lock) waits too. When the address lock goes,
+// a deletion that waited for the address first would hold it and wait for event:X, held by the
+// acceptance waiting for the address: a cycle. Taking ids first, the deletion holds event:X and
+// the acceptance waits behind it, then finds X deleted.
+func TestDeletionTakesIDsBeforeAddressesAsAcceptanceDoes(t *testing.T) {
+	url := testenv.FreshDB(t)
+	pool := testenv.Pool(t, url)
+	author := newFanUser()
+	now := nostr.Now()
+	x := author.eventAt(t, 30023, now-10, nostr.Tag{"d", "post"})
+	deletion := author.eventAt(t, 5, now, nostr.Tag{"a", "30023:" + author.pk + ":post"}, nostr.Tag{"e", x.ID})
+
+	holder := testenv.NewSession(t, url, "address-holder")
+	holder.Begin()
+	if _, err := holder.Tx.Exec(context.Background(), `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`,
+		"30023:"+author.pk+":post"); err != nil {
+		t.Fatal(err)
+	}
+	del, acc := testenv.NewSession(t, url, "deletion"), testenv.NewSession(t, url, "acceptance")
+	var errDel, errAcc error
+	var okAcc bool
+	var msgAcc string
+	del.Begin()
+	doneDel := testenv.Async(func() { _, _, errDel = del.Accept(deletion) })
+	if !testenv.WaitBlockedOrDone(t, pool, del.PID, doneDel) {
+		t.Fatalf("the deletion did not wait for the held address: %v", errDel)
+	}
+	acc.Begin()
+	doneAcc := testenv.Async(func() { okAcc, msgAcc, errAcc = acc.Accept(x) })
+	if !testenv.WaitBlockedOrDone(t, pool, acc.PID, doneAcc) {
+		t.Fatalf("the acceptance did not wait: ok=%v %q %v", okAcc, msgAcc, errAcc)
+	}
+	holder.Commit()
+	<-doneDel
+	if errDel != nil {
+		t.Fatalf("deletion: %v (want through, no deadlock)", errDel)
+	}
+	del.Commit()
+	<-doneAcc
+	if errAcc != nil || okAcc || msgAcc != "blocked: deleted" {
+		t.Fatalf("acceptance of X after its deletion: ok=%v %q %v, want blocked: deleted", okAcc, msgAcc, errAcc)
+	}
+	acc.Commit()
+}
