@@ -586,3 +586,47 @@ func TestReminderLookupsUsePartialIndexes(t *testing.T) {
 		}
 	}
 }
+
+// A version stored again once its successor was deleted by id is the newest version again: a
+// version that was cancelled before it was due is armed again; one whose due signal went out
+// stays confirmed, so the signal is never sent twice (I6).
+func TestReminderVersionStoredAgainAfterItsSuccessorWasDeleted(t *testing.T) {
+	pool := testenv.Pool(t, testenv.DB(t))
+	sk, _ := testenv.NewKey()
+	now := time.Now().Unix()
+	deleteByID := func(ev *nostr.Event) {
+		t.Helper()
+		del := &nostr.Event{Kind: 5, CreatedAt: nostr.Timestamp(now), Tags: nostr.Tags{{"e", ev.ID}}, Content: fmt.Sprint(remNonce.Add(1))}
+		if err := del.Sign(sk); err != nil {
+			t.Fatal(err)
+		}
+		remMustAccept(t, pool, del)
+	}
+
+	v1 := remEvent(t, sk, now-3, "cancelled-one", remNB(now+3600))
+	remMustAccept(t, pool, v1)
+	v2 := remEvent(t, sk, now-2, "cancelled-one", remNB(now+3600))
+	remMustAccept(t, pool, v2)
+	deleteByID(v2)
+	remMustAccept(t, pool, v1) // an error here (23505) would be answered "error:" on every retry
+	if r := remGet(t, pool, v1.ID); r.State != "armed" {
+		t.Fatalf("v1 stored again: %+v, want armed", r)
+	}
+
+	w1 := remEvent(t, sk, now-3, "sent-one", remNB(now-2))
+	remMustAccept(t, pool, w1)
+	s := remClaim(t, pool, w1)
+	if s == nil || !remBoolCall(t, pool, "confirm_reminder_claim", w1, *s) {
+		t.Fatal("w1 not claimable/confirmable")
+	}
+	w2 := remEvent(t, sk, now-2, "sent-one", remNB(now+3600))
+	remMustAccept(t, pool, w2)
+	deleteByID(w2)
+	remMustAccept(t, pool, w1)
+	if r := remGet(t, pool, w1.ID); r.State != "confirmed" || r.Claims != 1 {
+		t.Fatalf("w1 stored again after its signal went out: %+v, want still confirmed, claimed once", r)
+	}
+	if again := remClaim(t, pool, w1); again != nil {
+		t.Fatalf("w1 claimed a second time (stamp %d): its due signal would go out twice", *again)
+	}
+}
