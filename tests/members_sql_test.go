@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/testenv"
@@ -106,6 +107,18 @@ func TestMemberEditsAreAnnounced(t *testing.T) {
 
 	exec(`INSERT INTO buzz.members (channel_id, pubkey) VALUES ($1::uuid, $2)`, ch, carol.pk)
 	expect("an operator's insert into an existing DM", ch)
+	// The channel row rewritten in the same transaction (its xmin is now ours, as for a new one).
+	erin := newFanUser()
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `UPDATE buzz.channels SET created_by = created_by WHERE id = $1::uuid`, ch); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO buzz.members (channel_id, pubkey) VALUES ($1::uuid, $2)`, ch, erin.pk)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	expect("an insert beside an update of its channel", ch)
 	exec(`UPDATE buzz.members SET pubkey = $3 WHERE channel_id = $1::uuid AND pubkey = $2`, ch, carol.pk, dave.pk)
 	expect("a key moved", ch)
 	exec(`UPDATE buzz.members SET channel_id = $2::uuid WHERE channel_id = $1::uuid AND pubkey = $3`, ch, other, dave.pk)

@@ -1,0 +1,37 @@
+-- 0014 skipped announcing member rows inserted into a channel whose row this transaction wrote,
+-- to keep DM opens quiet. An UPDATE of the channel row gives it our xmin too, so an operator who
+-- rewrote a channel (say its participant_hash) and added a member in one transaction announced
+-- nothing, and relays with the old set cached never delivered that DM to the new member. The
+-- test is now on the member rows: a channel is quiet only when every member row is ours.
+
+CREATE OR REPLACE FUNCTION buzz.members_changed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+  chans text[];
+BEGIN
+  CASE TG_OP
+    WHEN 'TRUNCATE' THEN
+      PERFORM pg_logical_emit_message(true, 'buzz', '{"t":"members","all":true}');
+      RETURN NULL;
+    WHEN 'INSERT' THEN
+      -- A channel whose every member row this transaction wrote (a DM open) has no cached set
+      -- anywhere: an empty set is never cached, and a delete that emptied it was announced. Say
+      -- nothing for it. (Rows written in a subtransaction carry another xmin: announced, harmless.)
+      SELECT array_agg(DISTINCT n.channel_id::text) INTO chans
+        FROM members_new n
+       WHERE EXISTS (SELECT 1 FROM buzz.members m
+                      WHERE m.channel_id = n.channel_id
+                        AND m.xmin::text::numeric <> pg_current_xact_id()::text::numeric % 4294967296);
+    WHEN 'DELETE' THEN
+      SELECT array_agg(DISTINCT channel_id::text) INTO chans FROM members_old;
+    ELSE
+      chans := ARRAY(SELECT DISTINCT c FROM unnest(ARRAY[OLD.channel_id::text, NEW.channel_id::text]) c);
+  END CASE;
+  IF chans IS NOT NULL THEN
+    PERFORM pg_logical_emit_message(true, 'buzz',
+      jsonb_build_object('t', 'members', 'channels', to_jsonb(chans))::text);
+  END IF;
+  RETURN NULL;
+END $$;
+COMMENT ON FUNCTION buzz.members_changed() IS
+  'Trigger: member rows were inserted, deleted, moved to another channel or pubkey, or truncated; tells every relay (a ''members'' logical message) to forget its cached member sets of those channels.';
