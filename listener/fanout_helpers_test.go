@@ -28,6 +28,8 @@ type fanRecSink struct {
 	byKey     map[string]int
 	all       []evt.Delivery
 	onDeliver func(evt.Delivery)
+	// forgotAll holds, for each "forget every member set", how many deliveries came before it.
+	forgotAll []int
 }
 
 func newFanRecSink() *fanRecSink {
@@ -38,7 +40,12 @@ func newFanRecSink() *fanRecSink {
 
 func (s *fanRecSink) Deliver(d evt.Delivery) {
 	if d.Members != nil {
-		return // a member edit, not an event
+		if d.Members.All { // a member edit, not an event
+			s.mu.Lock()
+			s.forgotAll = append(s.forgotAll, len(s.all))
+			s.mu.Unlock()
+		}
+		return
 	}
 	if s.onDeliver != nil {
 		s.onDeliver(d)

@@ -51,6 +51,9 @@ func (f *Fanout) stream(ctx context.Context) (attached bool, err error) {
 	}
 	f.ready.Store(true)
 	defer f.ready.Store(false)
+	// A break inside a transaction leaves it half handed over; if it is never resent (a new
+	// slot), Lag must not keep counting from its commit time.
+	defer f.handing.Store(0)
 	f.sessions.Add(1)
 	f.log.Info("fan-out replication stream attached", "start_lsn", start.String())
 
@@ -216,11 +219,11 @@ func deliverySource(d evt.Delivery) string {
 // dropped it while we were silent (then whatever was committed meanwhile is lost for our
 // subscribers, so we say so).
 func (f *Fanout) ensureSlot(ctx context.Context) error {
-	ok, lost, err := slotExists(ctx, f.pool, f.slot)
+	ok, invalid, err := slotExists(ctx, f.pool, f.slot)
 	if err != nil {
 		return err
 	}
-	if ok && lost {
+	if ok && invalid {
 		// The server invalidated the slot (it retained more than max_slot_wal_keep_size): it can
 		// never stream again. Recreate it; the gap is lost for this process's subscribers.
 		f.log.Error("fan-out replication slot was invalidated by max_slot_wal_keep_size (this process fell too far behind); recreating it: events in the gap are not delivered by this process")
@@ -234,7 +237,8 @@ func (f *Fanout) ensureSlot(ctx context.Context) error {
 		f.slotOnce.Do(func() { close(f.slotMade) })
 		return nil
 	}
-	if f.hadSlot {
+	lost := f.hadSlot
+	if lost {
 		f.log.Error("fan-out replication slot vanished (reaped as stale, or dropped by hand); recreating it: events committed while it was missing are not delivered by this process")
 	}
 	// Our position belonged to the old slot. After a failover to a standby or a restore, WAL
@@ -253,6 +257,11 @@ func (f *Fanout) ensureSlot(ctx context.Context) error {
 	f.slotsMade.Add(1)
 	f.slotOnce.Do(func() { close(f.slotMade) })
 	f.log.Info("fan-out replication slot created")
+	if lost {
+		// A member edit announced while the slot was missing never reaches us, and a cached set
+		// is only dropped when one does: forget them all before the first event of the new slot.
+		f.sink.Deliver(evt.Delivery{Members: &evt.MembersChange{All: true}})
+	}
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -551,4 +552,55 @@ func TestFanoutNewSlotForgetsTheOldPosition(t *testing.T) {
 	ev := fanSigned(1, "after the new slot", nil)
 	h.accept(ctx, ev)
 	sink.waitAll(t, []string{ev.ID}, 20*time.Second)
+}
+
+// A slot that vanished took with it whatever member edits were announced while it was gone, and
+// a cached member set is only dropped when its announcement arrives: on the new slot, the sink is
+// told to forget every set before the first event. The second session is held after its slot
+// check while the test drops the slot, so the third one finds it missing.
+func TestFanoutNewSlotForgetsEveryMemberSet(t *testing.T) {
+	h := newFanHarness(t)
+	ctx := context.Background()
+	sink := newFanRecSink()
+	parked, release := make(chan struct{}), make(chan struct{})
+	var sessions atomic.Int32
+	f, _ := h.start(FanoutConfig{}, sink, func(f *Fanout) {
+		f.startHook = func(last pglogrepl.LSN) pglogrepl.LSN {
+			if sessions.Add(1) == 2 {
+				close(parked)
+				<-release
+			}
+			return last
+		}
+	})
+	before := fanSigned(1, "on the first slot", nil)
+	h.accept(ctx, before)
+	sink.waitAll(t, []string{before.ID}, 20*time.Second)
+
+	if _, err := h.pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, f.Slot()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-parked:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the fan-out did not reconnect")
+	}
+	testenv.WaitUntil(t, 20*time.Second, "slot dropped", func() bool {
+		_, err := h.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, f.Slot())
+		return err == nil
+	})
+	close(release)
+	testenv.WaitUntil(t, 30*time.Second, "slot made again", func() bool { return f.slotsMade.Load() == 2 })
+	after := fanSigned(1, "on the new slot", nil)
+	h.accept(ctx, after)
+	sink.waitAll(t, []string{after.ID}, 20*time.Second)
+
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	if len(sink.forgotAll) != 1 {
+		t.Fatalf("told to forget every member set %d times, want once (on the new slot)", len(sink.forgotAll))
+	}
+	if at := sink.forgotAll[0]; at < 1 || at >= len(sink.all) || sink.all[at].Event.ID != after.ID {
+		t.Fatalf("forget came after %d deliveries, want it between the event on the old slot and the one on the new", at)
+	}
 }
