@@ -14,7 +14,7 @@ import (
 
 // Deliver fans one event out to every matching live subscription this process holds, after the
 // read gate. It never waits for a client: a connection whose send queue is full is closed as a
-// slow reader. The only wait is a member-set lookup for a DM not seen before (then cached until
+// slow reader. The only wait is a member-set lookup for a DM not seen before that a subscription here matches (then cached until
 // an operator's edit of its member rows is announced, which Deliver also receives). A lookup that fails is retried until it succeeds or the
 // server shuts down: the replication stream (our caller) waits, and acknowledges nothing past this
 // event meanwhile, instead of losing a gated event its members are subscribed to.
@@ -31,8 +31,15 @@ func (s *Server) Deliver(d evt.Delivery) {
 			s.log.Error("panic in Deliver", "panic", p, "id", d.Event.ID)
 		}
 	}()
+	ix := newTagIndex(d.Event)
 	var members []string
 	if d.Scope.Kind == evt.ScopeChannel {
+		// A DM no subscription here matches costs no lookup: a client posting round-robin to
+		// more DMs than the cache holds would otherwise make every process wait for one lookup
+		// per event, on the goroutine all live delivery goes through, for nobody.
+		if _, cached := s.members.get(d.Scope.Channel); !cached && !s.anySubscriptionMatches(d, ix) {
+			return
+		}
 		var ok bool
 		if members, ok = s.deliveryMembers(d); !ok {
 			return // shutting down
@@ -46,7 +53,6 @@ func (s *Server) Deliver(d evt.Delivery) {
 		return ok
 	}
 	var js []byte // built on first match, shared by all connections
-	ix := newTagIndex(d.Event)
 	for _, c := range s.snapshotConns() {
 		if !d.Scope.Readable(d.Event.PubKey, c.authedList(), isMember) {
 			continue
@@ -135,6 +141,25 @@ func (c *conn) deliver(d evt.Delivery, js []byte, ix tagIndex) {
 			metrics.ReminderDueDelivered.Inc()
 		}
 	}
+}
+
+// anySubscriptionMatches reports whether a subscription of an authenticated connection (only
+// they can be members of a DM) matches d, before any read gate.
+func (s *Server) anySubscriptionMatches(d evt.Delivery, ix tagIndex) bool {
+	for _, c := range s.snapshotConns() {
+		if len(c.authedList()) == 0 {
+			continue
+		}
+		c.mu.Lock()
+		for _, sub := range c.subs {
+			if sub.matchesAny(d, ix) {
+				c.mu.Unlock()
+				return true
+			}
+		}
+		c.mu.Unlock()
+	}
+	return false
 }
 
 func (s *subscription) matchesAny(d evt.Delivery, ix tagIndex) bool {

@@ -160,3 +160,60 @@ func TestDeliveryLookupsDoNotUseTheAcceptancePool(t *testing.T) {
 		t.Fatalf("live event %s, want %s", got.ID, m.ID)
 	}
 }
+
+// A DM event that no subscription here matches costs no member lookup: with the lookup pool
+// held, Deliver returns without waiting for one. Then a matching subscription does make it look
+// up (so the first half is not passing for want of a lookup to make).
+func TestDeliveryLooksUpMembersOnlyForAMatch(t *testing.T) {
+	tr := startRelay(t, nil)
+	tr.s.memberWait = 200 * time.Millisecond
+	lookup, err := db.NewPool(context.Background(), testenv.DB(t), "buzzpg-lookup:test", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lookup.Close)
+	tr.s.SetLookupPool(lookup)
+	a := newParty(t, tr, true)
+	b := newParty(t, tr, true)
+	ch := openDM(t, a, b.pk) // not cached yet
+	b.c.req("reactions", nostr.Filter{Kinds: []int{7}})
+	looked := make(chan struct{}, 1)
+	tr.s.onLookupRetry = func() {
+		select {
+		case looked <- struct{}{}:
+		default:
+		}
+	}
+	var once sync.Once
+	held := holdAll(t, lookup)
+	release := func() { once.Do(held) }
+	defer release()
+	deliver := func(m nostr.Event) <-chan struct{} {
+		return testenv.Async(func() {
+			tr.s.Deliver(evt.Delivery{Event: &m, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}})
+		})
+	}
+
+	done := deliver(signed(a.sk, 9, "nobody here subscribes to this", nostr.Now(), nostr.Tag{"h", ch}))
+	select {
+	case <-done:
+	case <-looked:
+		release()
+		<-done
+		t.Fatal("Deliver looked up the members of a DM no subscription matches")
+	}
+
+	b.c.req("live", nostr.Filter{Authors: []string{a.pk}, Kinds: []int{9}})
+	m := signed(a.sk, 9, "b subscribes to this", nostr.Now(), nostr.Tag{"h", ch})
+	done = deliver(m)
+	select {
+	case <-looked:
+		release()
+	case <-done:
+		t.Fatal("Deliver returned without a member lookup while a subscription matched")
+	}
+	<-done
+	if got := b.c.nextEvent("live"); got.ID != m.ID {
+		t.Fatalf("live event %s, want %s", got.ID, m.ID)
+	}
+}
