@@ -101,7 +101,8 @@ func TestProtectedEvents(t *testing.T) {
 	}
 	someoneElse := tr.dial(t)
 	someoneElse.mustAuth(skOther, tr.url)
-	if r := someoneElse.publish(prot); r.ok || !strings.HasPrefix(r.msg, "auth-required:") {
+	// NIP-42: restricted, not auth-required, once a key is authenticated that is not allowed.
+	if r := someoneElse.publish(prot); r.ok || !strings.HasPrefix(r.msg, "restricted:") {
 		t.Fatalf("authenticated as someone else: %+v", r)
 	}
 	if n := tr.eventCount(t, "id = $1", prot.ID); n != 0 {

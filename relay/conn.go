@@ -166,6 +166,12 @@ func (c *conn) handle(data []byte) {
 		case perr.eventID != "":
 			c.sendOK(perr.eventID, false, "invalid: "+perr.msg)
 		case perr.subID != "" && (perr.verb == verbREQ || perr.verb == verbCOUNT):
+			if perr.verb == verbREQ {
+				// A REQ replaces the subscription of its id whatever happens next (handleReq), a
+				// malformed one too: the CLOSED must not name a subscription that still delivers.
+				// Exact match only; an over-long id names no registered subscription.
+				c.handleClose(perr.subID)
+			}
 			c.sendClosed(perr.subID, "invalid: "+perr.msg)
 		default:
 			c.notice("invalid: " + perr.msg)

@@ -136,7 +136,12 @@ func (s *Server) checkEvent(ev *nostr.Event, authed []string, now time.Time) str
 		return "invalid: created_at too far in future"
 	}
 	if isProtected(ev) && !slices.Contains(authed, ev.PubKey) {
-		return "auth-required: this event is protected (NIP-70); AUTH as its author to publish it"
+		// NIP-42: auth-required only when no key is authenticated; restricted when one is but it
+		// is not the author (PROTOCOL.md words the read gates the same way).
+		if len(authed) == 0 {
+			return "auth-required: this event is protected (NIP-70); AUTH as its author to publish it"
+		}
+		return "restricted: this event is protected (NIP-70); only its author may publish it"
 	}
 	return ""
 }

@@ -5,7 +5,8 @@ import (
 	"sync"
 )
 
-// ipQueries bounds the REQ/COUNT queries in flight per client (limitKey) across its connections.
+// ipQueries bounds the REQ/COUNT queries (and their gates' member lookups) in flight per client
+// (limitKey) across its connections.
 // The per-connection bound alone let two connections of one client hold the whole query pool with
 // slow queries, and every other client's reads then timed out waiting for a connection. A client
 // over its share waits, like one over its per-connection bound: its reads stop, nothing fails.
@@ -56,4 +57,44 @@ func (q *ipQueries) unref(ip string, s *ipSem) {
 		delete(q.sems, ip)
 	}
 	q.mu.Unlock()
+}
+
+// ipBytes bounds the bytes of a shared budget each client (limitKey) holds across its connections:
+// the per-connection share alone let eight slow readers of one client hold the whole initial-result
+// budget, and every other client's REQ was then refused busy. An entry goes when it drops to zero,
+// so the map holds only clients with bytes outstanding.
+type ipBytes struct {
+	mu    sync.Mutex
+	limit int64
+	held  map[string]int64
+}
+
+func newIPBytes(limit int64) *ipBytes {
+	return &ipBytes{limit: limit, held: map[string]int64{}}
+}
+
+func (b *ipBytes) take(ip string, n int64) bool {
+	if n == 0 {
+		return true // no entry for nothing: release(0) would never remove it
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.held[ip]+n > b.limit {
+		return false
+	}
+	b.held[ip] += n
+	return true
+}
+
+func (b *ipBytes) release(ip string, n int64) {
+	if n == 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if left := b.held[ip] - n; left > 0 {
+		b.held[ip] = left
+	} else {
+		delete(b.held, ip)
+	}
 }

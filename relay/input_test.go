@@ -243,6 +243,7 @@ func TestNIP11(t *testing.T) {
 		"max_message_length": 131072, "max_subscriptions": 32, "max_filters": 16, "max_limit": 5000,
 		"max_event_tags": 2000, "max_content_length": 65536, "created_at_upper_limit": 900,
 		"send_queue_bytes": 1 << 20, "max_filter_values": 1000, "max_connection_filter_values": 10000,
+		"max_deletion_targets": maxDeletionTargets,
 	} {
 		if got, _ := doc.Limitation[k].(float64); got != want {
 			t.Errorf("limitation.%s = %v, want %v", k, doc.Limitation[k], want)

@@ -36,6 +36,10 @@ type Config struct {
 	// InitialResultPerConn bounds the part of that budget one connection's answers hold at once
 	// (default 32 MiB): a few slow readers cannot take all of it.
 	InitialResultPerConn int64
+	// InitialResultPerIP bounds the part one client IP's connections hold together (default: half
+	// the budget, and at least InitialResultPerConn): one client cannot take all of it with a few
+	// connections either.
+	InitialResultPerIP int64
 	// MaxQueriesInFlight bounds concurrent REQ/COUNT queries per connection (default 4); a client
 	// that sends more waits (its reads stop) instead of taking more of the query pool.
 	MaxQueriesInFlight int
@@ -56,8 +60,11 @@ type Config struct {
 
 // Fixed limits that need no knob; advertised in NIP-11 where a client can run into them.
 const (
-	maxSubIDLength  = 64   // NIP-01
-	maxFilterValues = 1000 // per ids/authors/kinds/#x list of one filter: a "huge filter" beyond this is refused
+	maxSubIDLength = 64 // NIP-01, in characters
+	// maxEchoedSubIDBytes: a refused over-long subscription id is echoed in its CLOSED up to this
+	// size (64 characters of 4 bytes, with room to spare); a longer one gets a NOTICE.
+	maxEchoedSubIDBytes = 1024
+	maxFilterValues     = 1000 // per ids/authors/kinds/#x list of one filter: a "huge filter" beyond this is refused
 	// maxConnFilterValues bounds the values all live subscriptions of one connection list together
 	// (32 subscriptions × 16 filters × 1,000 values would be 512,000 to check per event).
 	maxConnFilterValues = 10000
@@ -108,6 +115,11 @@ func (c *Config) applyDefaults() error {
 	}
 	if c.InitialResultPerConn <= 0 {
 		c.InitialResultPerConn = 2 * maxInitialBytes
+	}
+	if c.InitialResultPerIP <= 0 {
+		// Never below one connection's share: with a budget set smaller than two shares, the
+		// budget itself is the bound, not a client's half of it.
+		c.InitialResultPerIP = max(c.InitialResultBudget/2, c.InitialResultPerConn)
 	}
 	def(&c.EventBurst, 100)
 	def(&c.ReqBurst, 50)

@@ -82,6 +82,25 @@ func (mc *memberCache) put(channel string, members []string, readAt uint64) {
 	mc.sets[channel] = members
 }
 
+// cached returns the sets of channels when every one of them is in the cache (values that are not
+// canonical UUIDs name no channel and need none).
+func (mc *memberCache) cached(channels []string) (map[string][]string, bool) {
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	out := make(map[string][]string, len(channels))
+	for _, ch := range channels {
+		if !isCanonicalUUID(ch) {
+			continue
+		}
+		s, ok := mc.sets[ch]
+		if !ok {
+			return nil, false
+		}
+		out[ch] = s
+	}
+	return out, true
+}
+
 // membersOf returns the member sets of the given channels (absent: no such channel / no members).
 // Values that are not canonical UUIDs name no channel and are skipped without a query.
 func (mc *memberCache) membersOf(ctx context.Context, pool *pgxpool.Pool, channels []string) (map[string][]string, error) {

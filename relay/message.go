@@ -87,10 +87,13 @@ func parseClientMessage(data []byte) (*clientMessage, *parseError) {
 		if in.Error() != nil {
 			return fail(label + " needs a subscription id string")
 		}
-		if m.subID == "" || len(m.subID) > maxSubIDLength {
+		// NIP-01 counts the id in characters, not bytes.
+		if m.subID == "" || utf8.RuneCountInString(m.subID) > maxSubIDLength {
 			pe := &parseError{msg: "subscription id must be 1-" + strconv.Itoa(maxSubIDLength) + " characters", verb: m.verb}
-			if m.subID != "" {
-				pe.subID = truncate(m.subID, maxSubIDLength)
+			// The CLOSED names the id as sent: cut short, it could name another, live subscription.
+			// An id too long to echo gets a NOTICE instead.
+			if len(m.subID) <= maxEchoedSubIDBytes {
+				pe.subID = m.subID
 			}
 			return nil, pe
 		}

@@ -38,6 +38,7 @@ type nip11Limitation struct {
 	MaxQueriesInFlight  int     `json:"max_queries_in_flight"`
 	QueryTimeoutMillis  int64   `json:"query_timeout_ms"`
 	MaxAuthPubkeys      int     `json:"max_auth_pubkeys"`
+	MaxDeletionTargets  int     `json:"max_deletion_targets"`
 	ReminderHorizonSecs int64   `json:"reminder_horizon_seconds"`
 	EventRate           float64 `json:"event_rate_per_second,omitempty"`
 	EventBurst          int     `json:"event_burst,omitempty"`
@@ -76,6 +77,7 @@ func (s *Server) buildNIP11() ([]byte, error) {
 			MaxQueriesInFlight:  c.MaxQueriesInFlight,
 			QueryTimeoutMillis:  c.QueryTimeout.Milliseconds(),
 			MaxAuthPubkeys:      maxAuthPubkeys,
+			MaxDeletionTargets:  maxDeletionTargets,
 			ReminderHorizonSecs: int64(c.ReminderHorizon.Seconds()),
 			EventRate:           c.EventRate,
 			ReqRate:             c.ReqRate,

@@ -62,7 +62,7 @@ func (c *conn) handleReq(subID string, filters []nostr.Filter) {
 	}
 	go func() {
 		defer c.releaseQuery()
-		defer c.recoverQuery(subID)
+		defer c.recoverQuery(subID, sub)
 		c.runInitial(sub)
 	}()
 }
@@ -85,7 +85,7 @@ func (c *conn) checkGates(cfs []*compiledFilter) string {
 	if len(channels) > 0 {
 		ctx, cancel := context.WithTimeout(c.ctx, c.s.memberWait)
 		var err error
-		sets, err = c.s.members.membersOf(ctx, c.s.query, channels)
+		sets, err = c.lookupMembers(ctx, channels)
 		cancel()
 		if err != nil {
 			c.log.Warn("membership lookup failed", "err", err)
@@ -98,6 +98,20 @@ func (c *conn) checkGates(cfs []*compiledFilter) string {
 		}
 	}
 	return ""
+}
+
+// lookupMembers reads member sets on the query pool within the client's share of it, like a query
+// (queryConn): REQs naming many channels must not let one client hold more of the pool than that.
+// Sets all in the cache cost nothing: a busy client's REQs naming its DMs do not wait for its share.
+func (c *conn) lookupMembers(ctx context.Context, channels []string) (map[string][]string, error) {
+	if sets, ok := c.s.members.cached(channels); ok {
+		return sets, nil
+	}
+	if !c.s.ipQueries.acquire(ctx, c.ip) {
+		return nil, ctx.Err()
+	}
+	defer c.s.ipQueries.release(c.ip)
+	return c.s.members.membersOf(ctx, c.s.query, channels)
 }
 
 func (c *conn) acquireQuery(ctx context.Context) bool {
@@ -126,9 +140,17 @@ func (c *conn) queryConn(ctx context.Context) (pc *pgxpool.Conn, release func(),
 	return pc, func() { pc.Release(); c.s.ipQueries.release(c.ip) }, nil
 }
 
-func (c *conn) recoverQuery(subID string) {
+// recoverQuery answers a query goroutine's panic with CLOSED. sub is the REQ's subscription (nil
+// for COUNT): a CLOSED subscription must not go on delivering live events.
+func (c *conn) recoverQuery(subID string, sub *subscription) {
 	if p := recover(); p != nil {
 		c.log.Error("panic in query", "sub", subID, "panic", p, "stack", string(debug.Stack()))
+		if sub != nil {
+			if sub.ctx.Err() != nil {
+				return // closed or replaced: a CLOSED now would name its successor
+			}
+			c.removeSub(sub)
+		}
 		c.sendClosed(subID, "error: internal error")
 	}
 }
@@ -304,8 +326,8 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out 
 		}
 		if bound := c.takeInitial(int64(len(js))); bound != "" {
 			// Every connection's answers together stay within the budget, and one connection's
-			// within its share: this one gets the newest rows that fit (NIP-01 lets a relay
-			// return fewer than limit), or, when not one fits, a CLOSED that says why.
+			// (one client IP's) within its share: this one gets the newest rows that fit (NIP-01
+			// lets a relay return fewer than limit), or, when not one fits, a CLOSED that says why.
 			metrics.InitialTruncated.WithLabelValues(bound).Inc()
 			c.log.Debug("initial query truncated", "bound", bound, "rows", len(out))
 			if len(out) == 0 {
@@ -319,26 +341,34 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out 
 	return out, held, rows.Err()
 }
 
-// takeInitial takes n bytes of initial results for this connection: from its share, then from the
-// process-wide budget. It returns "" or the bound that refused them ("connection", "budget").
+// takeInitial takes n bytes of initial results for this connection: from its share, its client
+// IP's share, then the process-wide budget; all of them or none. It returns "" or the bound that
+// refused them ("connection", "ip", "budget").
 func (c *conn) takeInitial(n int64) string {
 	if c.initialHeld.Add(n) > c.s.cfg.InitialResultPerConn {
 		c.initialHeld.Add(-n)
 		return "connection"
 	}
+	if !c.s.ipInitial.take(c.ip, n) {
+		c.initialHeld.Add(-n)
+		return "ip"
+	}
 	if !c.s.initial.take(n) {
+		c.s.ipInitial.release(c.ip, n)
 		c.initialHeld.Add(-n)
 		return "budget"
 	}
 	return ""
 }
 
+// releaseInitial gives back n bytes taken by takeInitial, to every bound that gave them.
 func (c *conn) releaseInitial(n int64) {
 	c.initialHeld.Add(-n)
+	c.s.ipInitial.release(c.ip, n)
 	c.s.initial.release(n)
 }
 
-// errBudgetSpent: not one row of an answer fit in the process-wide budget or the connection's share.
+// errBudgetSpent: not one row of an answer fit in the process-wide budget or a share of it.
 var errBudgetSpent = errors.New("initial result budget spent")
 
 // byteBudget bounds bytes held across connections (initial results waiting to be sent).
@@ -408,7 +438,7 @@ func (c *conn) handleCount(subID string, filters []nostr.Filter) {
 	}
 	go func() {
 		defer c.releaseQuery()
-		defer c.recoverQuery(subID)
+		defer c.recoverQuery(subID, nil)
 		n, err := c.count(c.ctx, cfs)
 		if err != nil {
 			if c.ctx.Err() != nil {

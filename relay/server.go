@@ -38,7 +38,8 @@ type Server struct {
 	ipEvents      *ipLimiter // nil: unlimited
 	ipReqs        *ipLimiter
 	initial       byteBudget // initial REQ results held until sent, across connections
-	ipQueries     *ipQueries // REQ/COUNT queries in flight per client IP
+	ipInitial     *ipBytes   // the same per client IP (InitialResultPerIP)
+	ipQueries     *ipQueries // REQ/COUNT queries (and gate lookups) in flight per client IP
 	acceptErrLog  logx.Sampler
 
 	mu       sync.RWMutex
@@ -102,6 +103,7 @@ func New(cfg Config, acceptPool, queryPool *pgxpool.Pool) (*Server, error) {
 		s.relayPubkey = pk
 	}
 	s.initial.limit = cfg.InitialResultBudget
+	s.ipInitial = newIPBytes(cfg.InitialResultPerIP)
 	if cfg.MaxQueriesPerIP <= 0 {
 		cfg.MaxQueriesPerIP = max(1, int(queryPool.Config().MaxConns)/2)
 		s.cfg.MaxQueriesPerIP = cfg.MaxQueriesPerIP

@@ -36,13 +36,13 @@ var (
 	}, []string{"verb"})
 	// InitialBytes is what REQ initial results hold in memory until sent, across connections;
 	// InitialTruncated counts answers cut short: at the per-query bound ("query"), at the
-	// connection's share of the budget ("connection"), or because the process-wide budget was
-	// spent ("budget").
+	// connection's or the client IP's share of the budget ("connection", "ip"), or because the
+	// process-wide budget was spent ("budget").
 	InitialBytes = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "buzz_initial_result_bytes", Help: "Bytes of REQ initial results held in memory until sent.",
 	})
 	InitialTruncated = promauto.NewCounterVec(prometheus.CounterOpts{
-		Name: "buzz_initial_results_truncated_total", Help: "REQ initial answers cut short, by bound (query, connection, budget; connection and budget also count REQs refused busy).",
+		Name: "buzz_initial_results_truncated_total", Help: "REQ initial answers cut short, by bound (query, connection, ip, budget; connection, ip and budget also count REQs refused busy).",
 	}, []string{"bound"})
 	Queries = promauto.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "buzz_query_seconds", Help: "REQ/COUNT initial query time.",
@@ -106,7 +106,7 @@ func init() {
 	for _, v := range []string{"EVENT", "AUTH", "REQ", "COUNT"} {
 		RateLimited.WithLabelValues(v)
 	}
-	for _, v := range []string{"query", "connection", "budget"} {
+	for _, v := range []string{"query", "connection", "ip", "budget"} {
 		InitialTruncated.WithLabelValues(v)
 	}
 }
