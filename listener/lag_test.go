@@ -13,7 +13,7 @@ func TestLagCountsFromTheChangeStillPending(t *testing.T) {
 	viewer, channel := e.hiddenViewer()
 	e.exec(`UPDATE buzz.visibility_outbox SET enqueued_at = now() - interval '1 hour' WHERE viewer = $1`, viewer)
 	_, g, done := e.pausedPublisher("a", viewer) // has read the hide's generation
-	e.unhide(viewer, channel)                     // a newer generation, pending behind it
+	e.unhide(viewer, channel)                    // a newer generation, pending behind it
 	g.open()
 	if r := <-done; r.err != nil || r.out != "published" {
 		t.Fatalf("publication of the older generation: %q %v, want published", r.out, r.err)
