@@ -24,6 +24,7 @@ type replSession struct {
 	skipTxn    bool // this transaction ended at or before lastEnd: already handed over
 	commitTime time.Time
 	finalLSN   pglogrepl.LSN // of the transaction being decoded: with the id, the de-dup key
+	xid        uint32        // of the transaction being decoded
 }
 
 // stream runs one replication session: make sure the slot exists, attach, and hand everything to
@@ -127,6 +128,7 @@ func (f *Fanout) handle(s *replSession, data []byte) error {
 		s.inTxn = true
 		s.commitTime = m.CommitTime
 		s.finalLSN = m.FinalLSN
+		s.xid = m.Xid
 		f.handing.Store(m.CommitTime.UnixNano())
 		// FinalLSN is where the commit record starts; a transaction we handled ended (its
 		// TransactionEndLSN, our lastEnd) after that point.
@@ -161,6 +163,7 @@ func (f *Fanout) handle(s *replSession, data []byte) error {
 			f.log.Error("fan-out cannot decode an events row; skipped", "err", err)
 			return nil
 		}
+		d.Xid = s.xid
 		f.deliver(d, s.finalLSN)
 	case *pglogrepl.LogicalDecodingMessage:
 		if m.Prefix != MessagePrefix {
@@ -175,11 +178,12 @@ func (f *Fanout) handle(s *replSession, data []byte) error {
 			return nil
 		}
 		if ok {
-			at := m.LSN
+			at, xid := m.LSN, uint32(0)
 			if m.Transactional {
-				at = s.finalLSN
+				at, xid = s.finalLSN, s.xid
 			}
 			for _, d := range ds {
+				d.Xid = xid
 				if d.Members != nil {
 					f.sink.Deliver(d) // idempotent: no de-dup, and not a delivered event
 					continue

@@ -604,3 +604,23 @@ func TestFanoutNewSlotForgetsEveryMemberSet(t *testing.T) {
 		t.Fatalf("forget came after %d deliveries, want it between the event on the old slot and the one on the new", at)
 	}
 }
+
+// Each delivery carries its transaction's id: the relay compares it with a REQ's snapshot to
+// tell events its initial query saw from new ones. Mutating it (e.g. 0) fails this.
+func TestFanoutDeliveriesCarryTheirTransaction(t *testing.T) {
+	h := newFanHarness(t)
+	ctx := context.Background()
+	sink := newFanRecSink()
+	h.start(FanoutConfig{}, sink, nil)
+	ev := fanSigned(1, "which transaction", nil)
+	h.accept(ctx, ev)
+	sink.waitAll(t, []string{ev.ID}, 20*time.Second)
+	var xmin int64
+	if err := h.pool.QueryRow(ctx, `SELECT xmin::text::bigint FROM buzz.events WHERE id = $1`, ev.ID).Scan(&xmin); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := sink.get(fanDedupeKey(evt.Delivery{Event: ev}))
+	if d.Xid == 0 || d.Xid != uint32(xmin) {
+		t.Fatalf("delivery Xid %d, want the inserting transaction %d", d.Xid, xmin)
+	}
+}

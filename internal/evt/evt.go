@@ -68,6 +68,10 @@ type Delivery struct {
 	// connection by (event id, Stamp) instead of per subscription by id.
 	Due   bool
 	Stamp int64
+	// Xid is the committing transaction's id (its low 32 bits, as logical decoding gives it; 0 if
+	// unknown). A subscription's initial query answered or passed over every event whose
+	// transaction its snapshot saw, so those are not delivered to it live.
+	Xid uint32
 	// Members, when set, is not an event (Event is nil): member rows of these channels changed
 	// (an operator's edit, sql/0014), and cached member sets of them must be forgotten.
 	Members *MembersChange
