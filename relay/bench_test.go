@@ -69,8 +69,7 @@ func BenchmarkReqLatency(b *testing.B) {
 			var id, pk, tags, content, sig string
 			var created int64
 			var kind int32
-			var ageMs int64
-			if err := rows.Scan(&id, &pk, &created, &kind, &tags, &content, &sig, &ageMs); err != nil {
+			if err := rows.Scan(&id, &pk, &created, &kind, &tags, &content, &sig); err != nil {
 				b.Fatal(err)
 			}
 			n++

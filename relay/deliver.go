@@ -31,6 +31,10 @@ func (s *Server) Deliver(d evt.Delivery) {
 			s.log.Error("panic in Deliver", "panic", p, "id", d.Event.ID)
 		}
 	}()
+	if d.Xid != 0 && !d.Due && !isEphemeral(d.Event.Kind) {
+		// Kept before any connection sees it, for a REQ whose query misses it (recentStored).
+		s.recent.add(d, timeNow())
+	}
 	ix := newTagIndex(d.Event)
 	var members []string
 	if d.Scope.Kind == evt.ScopeChannel {
@@ -127,7 +131,7 @@ func (c *conn) deliver(d evt.Delivery, js []byte, ix tagIndex) {
 			continue
 		}
 		sub.mu.Lock()
-		if sub.closed || (!d.Due && !sub.seen.add(id)) {
+		if sub.closed || sub.answered(d) || (!d.Due && !sub.seen.add(id)) {
 			sub.mu.Unlock()
 			continue
 		}

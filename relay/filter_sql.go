@@ -14,10 +14,7 @@ import (
 // acceptance.
 const sqlNow = `floor(extract(epoch from statement_timestamp()))::bigint`
 
-// age_ms (how long ago the row arrived, by the database clock that stamped it) tells the relay
-// which rows may still be on their way through replication; see Server.recentWindow.
-const selectCols = `e.id, e.pubkey, e.created_at, e.kind, e.tags::text AS tags, e.content, e.sig, ` +
-	`(extract(epoch from now() - e.received_at) * 1000)::bigint AS age_ms`
+const selectCols = `e.id, e.pubkey, e.created_at, e.kind, e.tags::text AS tags, e.content, e.sig`
 
 type sqlArgs struct{ vals []any }
 

@@ -157,8 +157,7 @@ func FuzzCompileFilter(f *testing.F) {
 					var kind int32
 					var created int64
 					var tags string
-					var ageMs int64
-					if err := rows.Scan(&ev.ID, &ev.PubKey, &created, &kind, &tags, &ev.Content, &ev.Sig, &ageMs); err != nil {
+					if err := rows.Scan(&ev.ID, &ev.PubKey, &created, &kind, &tags, &ev.Content, &ev.Sig); err != nil {
 						t.Fatal(err)
 					}
 					ev.Kind, ev.CreatedAt = int(kind), nostr.Timestamp(created)

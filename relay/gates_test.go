@@ -228,7 +228,11 @@ func TestReadGates(t *testing.T) {
 		}
 		// A plain (non-due) delivery of an id the subscription already has is dropped.
 		a.c.req("rem-live", f)
-		tr.s.Deliver(evt.Delivery{Event: &rem, Scope: scope})
+		var xid int64
+		if err := tr.pool.QueryRow(context.Background(), `SELECT xmin::text::bigint FROM buzz.events WHERE id = $1`, rem.ID).Scan(&xid); err != nil {
+			t.Fatal(err)
+		}
+		tr.s.Deliver(evt.Delivery{Event: &rem, Scope: scope, Xid: uint32(xid)})
 		syncNone(t, a.c, "rem-live")
 	})
 

@@ -83,9 +83,6 @@ const (
 	slowCloseGrace     = 2 * time.Second // after a send-queue overflow, how long the NOTICE + close frame may take
 	seenPerSub         = 4096            // live de-dup ids remembered per subscription (FIFO)
 	duePerConn         = 1024            // (id, stamp) due signals remembered per connection
-	// recentWindow: initial results that arrived this recently (or within twice the replication
-	// lag plus a minute, if longer) are remembered for de-dup: they may still come live.
-	recentWindow     = 5 * time.Minute
 	memberCacheSize  = 65536 // channels whose member set is cached
 	memberLookupWait = 3 * time.Second
 	// maxInitialBytes bounds what one REQ's initial query holds in memory before sending; the

@@ -5,14 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/buzzpg/buzzpg/internal/evt"
 	"github.com/buzzpg/buzzpg/internal/hooks"
 	"github.com/buzzpg/buzzpg/internal/metrics"
 )
@@ -156,16 +159,15 @@ func (c *conn) recoverQuery(subID string, sub *subscription) {
 }
 
 type storedRow struct {
-	id     string
-	json   []byte
-	recent bool
+	id   string
+	json []byte
 }
 
-// runInitial runs the REQ's initial query, sends the rows the subscription has not seen yet, then
-// EOSE. The rows are read completely (bounded by maxInitialBytes) before sending, so a slow client
-// holds no database connection.
+// runInitial runs the REQ's initial query, sends the rows the subscription has not seen yet, the
+// stored events its snapshot missed (replayUnseen), then EOSE. The rows are read completely
+// (bounded by maxInitialBytes) before sending, so a slow client holds no database connection.
 func (c *conn) runInitial(sub *subscription) {
-	rows, held, err := c.queryStored(sub.ctx, sub.filters)
+	rows, held, snap, err := c.queryStored(sub.ctx, sub.filters)
 	// Each row gives its bytes back once it is in the send queue (bounded per connection), so a
 	// slow reader holds only what it has not taken yet; the rest comes back when this returns.
 	defer func() { c.releaseInitial(held) }()
@@ -191,35 +193,15 @@ func (c *conn) runInitial(sub *subscription) {
 		return
 	}
 	hooks.At(sub.ctx, "relay.req.queried")
-	recent := 0
-	for _, r := range rows {
-		if r.recent {
-			recent++
-		}
-	}
-	// Remember the newest recent rows (they are sent first), at most MaxLimit of them, and make
-	// room for them beside the live traffic, so they are not the first forgotten. Bounded: a
-	// subscription holds at most seenPerSub + MaxLimit ids.
-	remember := min(recent, c.s.cfg.MaxLimit)
-	remembered := 0
+	// From here on, live events the query's snapshot saw are not sent: the query answered them,
+	// or passed them over (limit, budget, replaced, deleted). Those that came live while it ran
+	// are in seen, and their rows are skipped below.
 	sub.mu.Lock()
-	sub.seen.grow(seenPerSub + remember)
+	sub.snap = snap
 	sub.mu.Unlock()
 	for i, r := range rows {
 		key := keyOf(r.id)
-		msg := eventMessage(sub.prefix, r.json)
-		sent := sub.sendLocked(c, msg, func() bool {
-			if sub.seen.has(key) {
-				return false // already delivered live
-			}
-			if r.recent && remembered < remember {
-				// Only rows young enough to still be on their way through replication can arrive
-				// live again; remembering just those keeps the set small for large answers.
-				sub.seen.add(key)
-				remembered++
-			}
-			return true
-		})
+		sent := sub.sendLocked(c, eventMessage(sub.prefix, r.json), func() bool { return !sub.seen.has(key) })
 		if !sent {
 			return
 		}
@@ -229,7 +211,48 @@ func (c *conn) runInitial(sub *subscription) {
 		c.releaseInitial(int64(len(r.json)))
 		held -= int64(len(r.json))
 	}
+	if snap != nil && !c.replayUnseen(sub, snap) {
+		return
+	}
 	sub.sendLocked(c, marshalArray("EOSE", sub.id), nil)
+}
+
+// replayUnseen sends what Deliver was handed before the subscription existed and the query's
+// snapshot did not see yet (recentStored): committed, decoded, but not yet visible to other
+// sessions when the query ran. Gates and filters as in Deliver; seen drops what already came
+// live. It returns false when the subscription or connection is done.
+func (c *conn) replayUnseen(sub *subscription, snap *pgSnapshot) bool {
+	now := timeNow()
+	for _, d := range c.s.recent.unseenBy(snap, now) {
+		if expired(d.Event, now.Unix()) || !sub.matchesAny(d, newTagIndex(d.Event)) || !c.mayRead(sub.ctx, d) {
+			continue
+		}
+		id := keyOf(d.Event.ID)
+		if !sub.sendLocked(c, eventMessage(sub.prefix, eventJSON(d.Event)), func() bool { return sub.seen.add(id) }) {
+			return false
+		}
+	}
+	return true
+}
+
+// mayRead is the live read gate for one connection (Deliver's, with a lookup on the query pool
+// within the client's share). A member set that cannot be read reads as no: fail closed.
+func (c *conn) mayRead(ctx context.Context, d evt.Delivery) bool {
+	var members []string
+	if d.Scope.Kind == evt.ScopeChannel {
+		ctx, cancel := context.WithTimeout(ctx, c.s.memberWait)
+		sets, err := c.lookupMembers(ctx, []string{d.Scope.Channel})
+		cancel()
+		if err != nil {
+			c.log.Warn("membership lookup failed; a replayed event is not sent", "id", d.Event.ID, "err", err)
+			return false
+		}
+		members = sets[d.Scope.Channel]
+	}
+	return d.Scope.Readable(d.Event.PubKey, c.authedList(), func(channel, pubkey string) bool {
+		_, ok := slices.BinarySearch(members, pubkey)
+		return ok && channel == d.Scope.Channel
+	})
 }
 
 // sendLocked enqueues msg for sub, deciding (want, under sub.mu) and enqueueing in one critical
@@ -268,12 +291,13 @@ func (sub *subscription) sendLocked(c *conn, msg []byte, want func() bool) bool 
 	}
 }
 
-// queryStored reads the initial rows of filters, newest first, de-duplicated across filters. held
-// is what the rows took from the process-wide budget; the caller gives it back once they are sent.
-func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out []storedRow, held int64, err error) {
+// queryStored reads the initial rows of filters, newest first, de-duplicated across filters, and
+// the snapshot they were read in. held is what the rows took from the process-wide budget; the
+// caller gives it back once they are sent.
+func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out []storedRow, held int64, snap *pgSnapshot, err error) {
 	sql, args := reqSQL(filters, c.authedList())
 	if sql == "" {
-		return nil, 0, nil
+		return nil, 0, nil, nil
 	}
 	defer func() {
 		if p := recover(); p != nil {
@@ -282,7 +306,7 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out 
 		}
 		if err != nil {
 			c.releaseInitial(held)
-			out, held = nil, 0
+			out, held, snap = nil, 0, nil
 		}
 	}()
 	ctx, cancel := context.WithTimeout(ctx, c.s.cfg.QueryTimeout)
@@ -291,24 +315,58 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out 
 	defer func() { metrics.Queries.WithLabelValues("REQ").Observe(time.Since(start).Seconds()) }()
 	pc, release, err := c.queryConn(ctx)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, nil, err
 	}
 	defer release()
-	rows, err := pc.Query(ctx, sql, args...)
+	// The snapshot and the rows come from one transaction, so from one snapshot; all four
+	// statements go in one round trip. A connection an error leaves inside the transaction is
+	// not pooled again (pgxpool drops it on release).
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY`)
+	b.Queue(`SELECT pg_current_snapshot()::text`)
+	b.Queue(sql, args...)
+	b.Queue(`COMMIT`)
+	br := pc.SendBatch(ctx, b)
+	defer func() {
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	if _, err = br.Exec(); err != nil {
+		return nil, 0, nil, err
+	}
+	var snapText string
+	if err = br.QueryRow().Scan(&snapText); err != nil {
+		return nil, 0, nil, err
+	}
+	if snap, err = parseSnapshot(snapText); err != nil {
+		return nil, 0, nil, err
+	}
+	out, held, err = c.readRows(br)
+	if err != nil {
+		return out, held, nil, err
+	}
+	if _, err = br.Exec(); err != nil { // COMMIT
+		return out, held, nil, err
+	}
+	return out, held, snap, nil
+}
+
+// readRows reads the query's rows within the budget and the shares of it.
+func (c *conn) readRows(br pgx.BatchResults) (out []storedRow, held int64, err error) {
+	rows, err := br.Query()
 	if err != nil {
 		return nil, 0, err
 	}
 	defer rows.Close()
 	var ev nostr.Event
 	var tags string
-	var ageMs int64
-	window := c.s.recentWindow()
 	total := 0
 	prev := ""
 	for rows.Next() {
 		var kind int32
 		var createdAt int64
-		if err := rows.Scan(&ev.ID, &ev.PubKey, &createdAt, &kind, &tags, &ev.Content, &ev.Sig, &ageMs); err != nil {
+		if err := rows.Scan(&ev.ID, &ev.PubKey, &createdAt, &kind, &tags, &ev.Content, &ev.Sig); err != nil {
 			return out, held, err
 		}
 		if ev.ID == prev {
@@ -336,8 +394,9 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out 
 			break
 		}
 		held += int64(len(js))
-		out = append(out, storedRow{id: ev.ID, json: js, recent: ageMs < window})
+		out = append(out, storedRow{id: ev.ID, json: js})
 	}
+	rows.Close()
 	return out, held, rows.Err()
 }
 

@@ -38,6 +38,7 @@ type Server struct {
 	ipEvents      *ipLimiter // nil: unlimited
 	ipReqs        *ipLimiter
 	initial       byteBudget // initial REQ results held until sent, across connections
+	recent        recentStored
 	ipInitial     *ipBytes   // the same per client IP (InitialResultPerIP)
 	ipQueries     *ipQueries // REQ/COUNT queries (and gate lookups) in flight per client IP
 	acceptErrLog  logx.Sampler
@@ -55,7 +56,6 @@ type Server struct {
 	// lookup serves live delivery's member-set lookups (SetLookupPool); the acceptance pool
 	// until set.
 	lookup *pgxpool.Pool
-	lag    atomic.Pointer[func() time.Duration]
 
 	// stop ends when Shutdown begins: work that would otherwise wait or retry gives up.
 	stop     context.Context
@@ -211,20 +211,6 @@ func (s *Server) snapshotConns() []*conn {
 		out = append(out, c)
 	}
 	return out
-}
-
-// SetReplicationLag tells the relay how far its replication stream is behind (serve passes the
-// fan-out's Lag): initial query rows that young may still arrive live and are remembered for
-// de-duplication.
-func (s *Server) SetReplicationLag(lag func() time.Duration) { s.lag.Store(&lag) }
-
-// recentWindow is how young (ms since arrival) an initial row must be to maybe still come live.
-func (s *Server) recentWindow() int64 {
-	window := recentWindow
-	if f := s.lag.Load(); f != nil {
-		window = max(window, 2*(*f)()+time.Minute)
-	}
-	return window.Milliseconds()
 }
 
 // Shutdown stops accepting connections, tells every client (NOTICE, then close frame 1001) and

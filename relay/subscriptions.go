@@ -5,11 +5,13 @@ import (
 	"encoding/hex"
 	"sync"
 
+	"github.com/buzzpg/buzzpg/internal/evt"
 	"github.com/buzzpg/buzzpg/internal/metrics"
 )
 
 // subscription is one REQ's live side. It is registered before its initial query runs, so an
-// event committed meanwhile reaches it through Deliver; seen de-duplicates the two paths.
+// event committed meanwhile reaches it through Deliver; seen de-duplicates the two paths while
+// the query runs, and snap once it has.
 type subscription struct {
 	id      string
 	filters []*compiledFilter
@@ -19,10 +21,21 @@ type subscription struct {
 	ctx    context.Context // ends when the subscription is closed or replaced
 	cancel context.CancelFunc
 
-	mu     sync.Mutex // guards closed and seen; also held while enqueueing one of its events
+	mu     sync.Mutex // guards closed, seen and snap; also held while enqueueing one of its events
 	closed bool
 	seen   *idFIFO[idKey]
+	snap   *pgSnapshot // the initial query's; nil until it has run (or when it had nothing to read)
 }
+
+// answered reports whether the initial query's snapshot saw d's transaction: the query answered
+// the event or passed over it. Only stored events: ephemeral ones and due signals are never in an
+// answer. Caller holds s.mu.
+func (s *subscription) answered(d evt.Delivery) bool {
+	return s.snap != nil && d.Xid != 0 && !d.Due && !isEphemeral(d.Event.Kind) && s.snap.sees(d.Xid)
+}
+
+// isEphemeral: NIP-01 kinds 20000-29999, fanned out and never stored.
+func isEphemeral(kind int) bool { return kind >= 20000 && kind < 30000 }
 
 func newSubscription(parent context.Context, id string, filters []*compiledFilter) *subscription {
 	ctx, cancel := context.WithCancel(parent)
@@ -86,20 +99,6 @@ func newIDFIFO[K comparable](capacity int) *idFIFO[K] {
 func (f *idFIFO[K]) has(k K) bool {
 	_, ok := f.set[k]
 	return ok
-}
-
-// grow raises the capacity to at least capacity, keeping every key and their order.
-func (f *idFIFO[K]) grow(capacity int) {
-	if capacity <= f.cap {
-		return
-	}
-	if f.next != 0 { // full and wrapped: oldest first again
-		ring := make([]K, 0, capacity)
-		ring = append(ring, f.ring[f.next:]...)
-		f.ring = append(ring, f.ring[:f.next]...)
-		f.next = 0
-	}
-	f.cap = capacity
 }
 
 // add inserts k; it reports false when k was already present.

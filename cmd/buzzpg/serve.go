@@ -249,7 +249,6 @@ func serve(cfg serveConfig, log *slog.Logger) error {
 	}()
 	if fanout != nil {
 		metrics.RegisterFanout(fanout.Ready, fanout.Lag)
-		srv.SetReplicationLag(fanout.Lag)
 	}
 	log.Info("listening", "addr", addr, "relay_url", cfg.RelayURL, "relay_pubkey", pk, "relay", !cfg.NoRelay)
 

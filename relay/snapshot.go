@@ -1,0 +1,60 @@
+package relay
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// pgSnapshot is which transactions one query saw: pg_current_snapshot() read in the query's own
+// transaction. An event whose transaction the snapshot saw was answered by the query or passed
+// over (by limit, or because it was already replaced or deleted): it is not delivered live to
+// that subscription. One whose transaction it did not see is new to it. Exact, unlike a window of
+// remembered ids, however far behind the replication stream is.
+type pgSnapshot struct {
+	xmin, xmax uint64
+	xip        []uint64 // in progress at the snapshot, sorted
+}
+
+// parseSnapshot reads pg_snapshot's text form, "xmin:xmax:xip,xip,...".
+func parseSnapshot(s string) (*pgSnapshot, error) {
+	parts := strings.Split(s, ":")
+	if len(parts) != 3 {
+		return nil, fmt.Errorf("snapshot %q: want xmin:xmax:xip", s)
+	}
+	var snap pgSnapshot
+	var err error
+	if snap.xmin, err = strconv.ParseUint(parts[0], 10, 64); err != nil {
+		return nil, fmt.Errorf("snapshot %q: %w", s, err)
+	}
+	if snap.xmax, err = strconv.ParseUint(parts[1], 10, 64); err != nil {
+		return nil, fmt.Errorf("snapshot %q: %w", s, err)
+	}
+	if parts[2] != "" {
+		for _, x := range strings.Split(parts[2], ",") {
+			v, err := strconv.ParseUint(x, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("snapshot %q: %w", s, err)
+			}
+			snap.xip = append(snap.xip, v)
+		}
+		slices.Sort(snap.xip)
+	}
+	return &snap, nil
+}
+
+// sees reports whether the snapshot saw the committed transaction whose id has these low 32
+// bits (logical decoding gives no epoch). The full id is the one nearest xmax: a transaction
+// being delivered is recent, within 2^31 of any snapshot taken while it is in flight.
+func (s *pgSnapshot) sees(xid uint32) bool {
+	full := int64(s.xmax) + int64(int32(xid-uint32(s.xmax)))
+	switch {
+	case full < int64(s.xmin):
+		return true
+	case full >= int64(s.xmax):
+		return false
+	}
+	_, running := slices.BinarySearch(s.xip, uint64(full))
+	return !running
+}
