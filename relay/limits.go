@@ -83,8 +83,8 @@ const (
 	slowCloseGrace     = 2 * time.Second // after a send-queue overflow, how long the NOTICE + close frame may take
 	seenPerSub         = 4096            // live de-dup ids remembered per subscription (FIFO)
 	duePerConn         = 1024            // (id, stamp) due signals remembered per connection
-	memberCacheSize  = 65536 // channels whose member set is cached
-	memberLookupWait = 3 * time.Second
+	memberCacheSize    = 65536           // channels whose member set is cached
+	memberLookupWait   = 3 * time.Second
 	// maxInitialBytes bounds what one REQ's initial query holds in memory before sending; the
 	// oldest rows beyond it are dropped (NIP-01 lets a relay return fewer than limit).
 	maxInitialBytes = 16 << 20
