@@ -20,7 +20,7 @@ import (
 // event meanwhile, instead of losing a gated event its members are subscribed to.
 func (s *Server) Deliver(d evt.Delivery) {
 	if d.Members != nil {
-		s.members.forget(*d.Members)
+		s.members.forget(*d.Members, d.Xid)
 		return
 	}
 	if d.Event == nil || expired(d.Event, timeNow().Unix()) {

@@ -2,12 +2,15 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/buzzpg/buzzpg/internal/evt"
+	"github.com/buzzpg/buzzpg/internal/hooks"
 )
 
 // memberCache holds DM member sets. A DM's participant set never changes through the protocol
@@ -28,13 +31,35 @@ type memberCache struct {
 	// epoch counts forgets: a lookup that read before one must not cache what it read (it may
 	// be the set the edit replaced).
 	epoch uint64
+	// pending are the transactions of recent forgets. A commit is decoded (and its forget
+	// arrives) before other sessions can see it, so a lookup right after a forget may still read
+	// the old set: its answer counts only once its snapshot sees every one of them.
+	pending []pendingForget
 }
 
-// forget drops the sets an announced member edit may have changed.
-func (mc *memberCache) forget(ch evt.MembersChange) {
+type pendingForget struct {
+	xid uint32
+	at  time.Time
+}
+
+// pendingForgetAge: after this long a forget's transaction is taken as visible everywhere (the
+// gap is a commit's last steps, or a synchronous standby's reply).
+const pendingForgetAge = 10 * time.Second
+
+// errStaleMembers: the lookup's snapshot does not see an announced edit yet.
+var errStaleMembers = errors.New("member lookup read before an announced edit was visible")
+
+// forget drops the sets an announced member edit (of transaction xid, 0 if unknown) may have
+// changed.
+func (mc *memberCache) forget(ch evt.MembersChange, xid uint32) {
 	mc.mu.Lock()
 	defer mc.mu.Unlock()
 	mc.epoch++
+	now := timeNow()
+	mc.pending = slices.DeleteFunc(mc.pending, func(p pendingForget) bool { return now.Sub(p.at) > pendingForgetAge })
+	if xid != 0 {
+		mc.pending = append(mc.pending, pendingForget{xid: xid, at: now})
+	}
 	if ch.All {
 		clear(mc.sets)
 		return
@@ -50,6 +75,19 @@ func (mc *memberCache) currentEpoch() uint64 {
 	mc.mu.Lock()
 	defer mc.mu.Unlock()
 	return mc.epoch
+}
+
+// sawForgets reports whether snap sees the transaction of every recent forget.
+func (mc *memberCache) sawForgets(snap *pgSnapshot) bool {
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	now := timeNow()
+	for _, p := range mc.pending {
+		if now.Sub(p.at) <= pendingForgetAge && !snap.sees(p.xid) {
+			return false
+		}
+	}
+	return true
 }
 
 func newMemberCache(capacity int) *memberCache {
@@ -119,30 +157,66 @@ func (mc *memberCache) membersOf(ctx context.Context, pool *pgxpool.Pool, channe
 	if len(missing) == 0 {
 		return out, nil
 	}
+	// A read that does not see a recent forget's transaction yet is read again, shortly: the
+	// gap is a commit's last steps (a standby's reply with synchronous replication).
+	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
+		loaded, err := mc.load(ctx, pool, missing)
+		if !errors.Is(err, errStaleMembers) {
+			if err != nil {
+				return nil, err
+			}
+			for ch, pks := range loaded {
+				out[ch] = pks
+			}
+			return out, nil
+		}
+		hooks.At(ctx, "relay.members.stale")
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(wait):
+		}
+	}
+}
+
+// load reads the member sets of channels, with the snapshot it read them in, and caches them
+// unless a forget came meanwhile. errStaleMembers: the snapshot missed a forget's transaction.
+func (mc *memberCache) load(ctx context.Context, pool *pgxpool.Pool, channels []string) (map[string][]string, error) {
 	readAt := mc.currentEpoch()
-	rows, err := pool.Query(ctx,
-		`SELECT channel_id::text, pubkey FROM buzz.members WHERE channel_id = ANY($1::uuid[])`, missing)
+	rows, err := pool.Query(ctx, `
+		SELECT s.snap, m.channel_id::text, m.pubkey
+		  FROM (SELECT pg_current_snapshot()::text AS snap) s
+		  LEFT JOIN buzz.members m ON m.channel_id = ANY($1::uuid[])`, channels)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
 	loaded := map[string][]string{}
+	var snapText string
 	for rows.Next() {
-		var ch, pk string
-		if err := rows.Scan(&ch, &pk); err != nil {
+		var ch, pk *string
+		if err := rows.Scan(&snapText, &ch, &pk); err != nil {
 			return nil, err
 		}
-		loaded[ch] = append(loaded[ch], pk)
+		if ch != nil && pk != nil {
+			loaded[*ch] = append(loaded[*ch], *pk)
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
+	snap, err := parseSnapshot(snapText)
+	if err != nil {
+		return nil, err
+	}
+	if !mc.sawForgets(snap) {
+		return nil, errStaleMembers
+	}
 	for ch, pks := range loaded {
 		slices.Sort(pks)
 		mc.put(ch, pks, readAt)
-		out[ch] = pks
 	}
-	return out, nil
+	return loaded, nil
 }
 
 // anyMember reports whether any of pubkeys is a member of any of channels, by sets (membersOf's

@@ -11,6 +11,7 @@ import (
 
 	"github.com/buzzpg/buzzpg/internal/db"
 	"github.com/buzzpg/buzzpg/internal/evt"
+	"github.com/buzzpg/buzzpg/internal/hooks"
 	"github.com/buzzpg/buzzpg/internal/metrics"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
@@ -103,7 +104,7 @@ func TestMemberCacheForgetsAndSkipsStaleReads(t *testing.T) {
 		t.Fatal("set not cached")
 	}
 	readAt := mc.currentEpoch()
-	mc.forget(evt.MembersChange{Channels: []string{ch}})
+	mc.forget(evt.MembersChange{Channels: []string{ch}}, 0)
 	if _, ok := mc.get(ch); ok {
 		t.Fatal("set still cached after its edit was announced")
 	}
@@ -112,7 +113,7 @@ func TestMemberCacheForgetsAndSkipsStaleReads(t *testing.T) {
 		t.Fatal("a read from before the edit was cached")
 	}
 	mc.put(ch, []string{"alice", "carol"}, mc.currentEpoch())
-	mc.forget(evt.MembersChange{All: true})
+	mc.forget(evt.MembersChange{All: true}, 0)
 	if _, ok := mc.get(ch); ok {
 		t.Fatal("set still cached after a truncate was announced")
 	}
@@ -216,4 +217,50 @@ func TestDeliveryLooksUpMembersOnlyForAMatch(t *testing.T) {
 	if got := b.c.nextEvent("live"); got.ID != m.ID {
 		t.Fatalf("live event %s, want %s", got.ID, m.ID)
 	}
+}
+
+// A member edit's forget arrives (decoded) before other sessions can see the edit, and a lookup
+// right then would read the old set. It reads again until its snapshot sees the edit: a member
+// removed by an operator does not get the DM's next message. The open transaction stands for that
+// moment.
+func TestMemberLookupWaitsForAnAnnouncedEdit(t *testing.T) {
+	tr := startRelay(t, nil)
+	ctx := context.Background()
+	a := newParty(t, tr, true)
+	b := newParty(t, tr, true)
+	ch := openDM(t, a, b.pk)
+	a.c.req("live", nostr.Filter{Kinds: []int{9}})
+	b.c.req("live", nostr.Filter{Kinds: []int{9}})
+
+	tx, err := tr.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var xid int64
+	if err := tx.QueryRow(ctx, `DELETE FROM buzz.members WHERE channel_id = $1::uuid AND pubkey = $2 RETURNING pg_current_xact_id()::text::bigint`, ch, b.pk).Scan(&xid); err != nil {
+		t.Fatal(err)
+	}
+	stale := make(chan struct{})
+	var once sync.Once
+	defer hooks.Set("relay.members.stale", func(context.Context) { once.Do(func() { close(stale) }) })()
+	tr.s.Deliver(evt.Delivery{Members: &evt.MembersChange{Channels: []string{ch}}, Xid: uint32(xid)})
+
+	m := signed(a.sk, 9, "after b was removed", nostr.Now(), nostr.Tag{"h", ch})
+	done := testenv.Async(func() {
+		tr.s.Deliver(evt.Delivery{Event: &m, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}})
+	})
+	select {
+	case <-stale:
+	case <-done:
+		t.Fatal("Deliver used a member set read before the announced removal was visible")
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if got := a.c.nextEvent("live"); got.ID != m.ID {
+		t.Fatalf("a got %s, want %s", got.ID, m.ID)
+	}
+	syncNone(t, b.c, "live")
 }
