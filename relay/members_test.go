@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nbd-wtf/go-nostr"
 	dto "github.com/prometheus/client_model/go"
 
@@ -57,13 +58,7 @@ func TestDeliveryRetriesAFailedMemberLookup(t *testing.T) {
 	if _, err := locker.Exec(ctx, `LOCK TABLE buzz.members IN ACCESS EXCLUSIVE MODE`); err != nil {
 		t.Fatal(err)
 	}
-	retried := make(chan struct{}, 1)
-	tr.s.onLookupRetry = func() {
-		select {
-		case retried <- struct{}{}:
-		default:
-		}
-	}
+	retried := lookupRetries(tr)
 	m := signed(a.sk, 9, "while members are locked", nostr.Now(), nostr.Tag{"h", ch})
 	done := make(chan struct{})
 	go func() {
@@ -122,25 +117,12 @@ func TestMemberCacheForgetsAndSkipsStaleReads(t *testing.T) {
 // Live delivery's member lookups run on their own pool: with every acceptance connection taken
 // (a flood of EVENTs), a DM message not seen before still reaches its member's subscription.
 func TestDeliveryLookupsDoNotUseTheAcceptancePool(t *testing.T) {
-	tr := startRelay(t, nil)
-	tr.s.memberWait = 200 * time.Millisecond
-	lookup, err := db.NewPool(context.Background(), testenv.DB(t), "buzzpg-lookup:test", 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(lookup.Close)
-	tr.s.SetLookupPool(lookup)
+	tr, _ := relayWithLookupPool(t)
 	a := newParty(t, tr, true)
 	b := newParty(t, tr, true)
 	ch := openDM(t, a, b.pk) // the member set is not cached yet
 	b.c.req("live", nostr.Filter{Authors: []string{a.pk}, Kinds: []int{9}})
-	retried := make(chan struct{}, 1)
-	tr.s.onLookupRetry = func() {
-		select {
-		case retried <- struct{}{}:
-		default:
-		}
-	}
+	retried := lookupRetries(tr)
 
 	var once sync.Once
 	held := holdAll(t, tr.s.accept)
@@ -166,25 +148,12 @@ func TestDeliveryLookupsDoNotUseTheAcceptancePool(t *testing.T) {
 // held, Deliver returns without waiting for one. Then a matching subscription does make it look
 // up (so the first half is not passing for want of a lookup to make).
 func TestDeliveryLooksUpMembersOnlyForAMatch(t *testing.T) {
-	tr := startRelay(t, nil)
-	tr.s.memberWait = 200 * time.Millisecond
-	lookup, err := db.NewPool(context.Background(), testenv.DB(t), "buzzpg-lookup:test", 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(lookup.Close)
-	tr.s.SetLookupPool(lookup)
+	tr, lookup := relayWithLookupPool(t)
 	a := newParty(t, tr, true)
 	b := newParty(t, tr, true)
 	ch := openDM(t, a, b.pk) // not cached yet
 	b.c.req("reactions", nostr.Filter{Kinds: []int{7}})
-	looked := make(chan struct{}, 1)
-	tr.s.onLookupRetry = func() {
-		select {
-		case looked <- struct{}{}:
-		default:
-		}
-	}
+	looked := lookupRetries(tr)
 	var once sync.Once
 	held := holdAll(t, lookup)
 	release := func() { once.Do(held) }
@@ -263,4 +232,31 @@ func TestMemberLookupWaitsForAnAnnouncedEdit(t *testing.T) {
 		t.Fatalf("a got %s, want %s", got.ID, m.ID)
 	}
 	syncNone(t, b.c, "live")
+}
+
+// relayWithLookupPool starts a relay whose live-delivery member lookups use a pool of their own
+// (2 connections) and give up after 200 ms (then retry).
+func relayWithLookupPool(t *testing.T) (*testRelay, *pgxpool.Pool) {
+	t.Helper()
+	tr := startRelay(t, nil)
+	tr.s.memberWait = 200 * time.Millisecond
+	lookup, err := db.NewPool(context.Background(), testenv.DB(t), "buzzpg-lookup:test", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lookup.Close)
+	tr.s.SetLookupPool(lookup)
+	return tr, lookup
+}
+
+// lookupRetries signals (without blocking) each time live delivery retries a member lookup.
+func lookupRetries(tr *testRelay) <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	tr.s.onLookupRetry = func() {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	return ch
 }

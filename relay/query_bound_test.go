@@ -8,13 +8,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net/http"
 	"net/netip"
 	"runtime"
 	"testing"
 	"time"
 
-	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/testenv"
@@ -130,25 +128,14 @@ func TestQueriesInFlightBoundedPerIP(t *testing.T) {
 		c.QueryTimeout = time.Minute
 		c.TrustedProxies = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
 	})
-	dialFrom := func(ip string) *client {
-		t.Helper()
-		ws, _, err := websocket.DefaultDialer.Dial(tr.url, http.Header{"X-Forwarded-For": {ip}})
-		if err != nil {
-			t.Fatalf("dial: %v", err)
-		}
-		t.Cleanup(func() { ws.Close() })
-		c := &client{t: t, ws: ws}
-		c.challenge = str(c.expect("AUTH")[1])
-		return c
-	}
 	sk, pk := testenv.NewKey()
 	note := signed(sk, 1, "public", nostr.Now())
-	a, b := dialFrom("198.51.100.7"), dialFrom("198.51.100.7")
+	a, b := dialFrom(t, tr, "198.51.100.7"), dialFrom(t, tr, "198.51.100.7")
 	for _, c := range []*client{a, b} {
 		c.mustAuth(sk, tr.url) // authenticated: their gates read buzz.members
 	}
 	a.mustPublish(note)
-	other := dialFrom("203.0.113.5")
+	other := dialFrom(t, tr, "203.0.113.5")
 
 	lock := lockMembers(t, url)
 	f := nostr.Filter{Authors: []string{pk}, Kinds: []int{1}}
