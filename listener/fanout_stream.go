@@ -163,7 +163,7 @@ func (f *Fanout) handle(s *replSession, data []byte) error {
 			f.log.Error("fan-out cannot decode an events row; skipped", "err", err)
 			return nil
 		}
-		d.Xid = s.xid
+		d.Xid, d.CommitLSN = s.xid, uint64(s.finalLSN)
 		f.deliver(d, s.finalLSN)
 	case *pglogrepl.LogicalDecodingMessage:
 		if m.Prefix != MessagePrefix {
@@ -184,6 +184,9 @@ func (f *Fanout) handle(s *replSession, data []byte) error {
 			}
 			for _, d := range ds {
 				d.Xid = xid
+				if m.Transactional {
+					d.CommitLSN = uint64(at)
+				}
 				if d.Members != nil {
 					f.sink.Deliver(d) // idempotent: no de-dup, and not a delivered event
 					continue

@@ -3,11 +3,15 @@ package relay
 import (
 	"context"
 	"slices"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/evt"
+	"github.com/buzzpg/buzzpg/internal/hooks"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
@@ -109,19 +113,11 @@ func TestEventDeliveredBeforeItsCommitIsVisibleIsReplayed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	var id string
-	var xid int64
-	if err := tx.QueryRow(ctx, `
-		INSERT INTO buzz.events (id, pubkey, created_at, kind, tags, content, sig)
-		VALUES (md5($1 || clock_timestamp()) || md5($1), $1, $2, 1, '[]', 'not visible yet', repeat('0', 128))
-		RETURNING id, pg_current_xact_id()::text::bigint`, pk, int64(nostr.Now())).Scan(&id, &xid); err != nil {
-		t.Fatal(err)
-	}
-	pending := nostr.Event{ID: id, PubKey: pk, CreatedAt: nostr.Now(), Kind: 1, Tags: nostr.Tags{}, Content: "not visible yet"}
-	tr.s.Deliver(storedDelivery(&pending, uint32(xid)))
+	pending, xid := pendingRow(t, tx, pk)
+	tr.s.Deliver(storedDelivery(&pending, xid))
 	_, stranger := testenv.NewKey()
 	private := nostr.Event{ID: randHex64(), PubKey: pk, CreatedAt: nostr.Now(), Kind: 1, Tags: nostr.Tags{}}
-	tr.s.Deliver(evt.Delivery{Event: &private, Scope: evt.Scope{Kind: evt.ScopeP, P: stranger}, Xid: uint32(xid)})
+	tr.s.Deliver(evt.Delivery{Event: &private, Scope: evt.Scope{Kind: evt.ScopeP, P: stranger}, Xid: xid})
 
 	c := tr.dial(t)
 	got := c.req("s", nostr.Filter{Authors: []string{pk}})
@@ -138,6 +134,178 @@ func TestEventDeliveredBeforeItsCommitIsVisibleIsReplayed(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	tr.s.Deliver(storedDelivery(&pending, uint32(xid))) // resent after a stream break
+	tr.s.Deliver(storedDelivery(&pending, xid)) // resent after a stream break
 	syncNone(t, c, "s")
+}
+
+// subSnapshot returns the snapshot subscription id of tr's only connection holds (nil if none).
+func subSnapshot(tr *testRelay, id string) *pgSnapshot {
+	for _, sc := range tr.s.snapshotConns() {
+		sc.mu.Lock()
+		sub := sc.subs[id]
+		sc.mu.Unlock()
+		if sub != nil {
+			sub.mu.Lock()
+			defer sub.mu.Unlock()
+			return sub.snap
+		}
+	}
+	return nil
+}
+
+// A subscription stops using its query's snapshot at the first delivery committed past the
+// snapshot's WAL position: a transaction id 2^31 or more past the snapshot (a subscription open
+// for days) would otherwise read as one the snapshot saw, and every event be skipped.
+func TestSubscriptionDropsItsSnapshotPastItsWALPosition(t *testing.T) {
+	tr := startRelay(t, nil)
+	_, pk := testenv.NewKey()
+	storeRows(t, tr, pk, 1)
+	c := tr.dial(t)
+	c.req("long", nostr.Filter{Authors: []string{pk}})
+	snap := subSnapshot(tr, "long")
+	if snap == nil || snap.walPos == 0 {
+		t.Fatalf("subscription snapshot %+v, want one with its WAL position", snap)
+	}
+	far := uint32(snap.xmax) + 1<<31 + 10 // the same low bits as a transaction 2^31 before
+	if !snap.sees(far) {
+		t.Fatal("test premise: the snapshot misreads an xid 2^31 ahead as seen")
+	}
+	later, _ := storeRows(t, tr, pk, 1)
+	tr.s.Deliver(evt.Delivery{Event: &later[0], Scope: evt.Scope{Kind: evt.ScopePublic}, Xid: far, CommitLSN: snap.walPos + 1})
+	if got := c.nextEvent("long"); got.ID != later[0].ID {
+		t.Fatalf("live event %s, want %s", got.ID, later[0].ID)
+	}
+	if subSnapshot(tr, "long") != nil {
+		t.Fatal("the subscription still holds its snapshot")
+	}
+}
+
+// What was delivered before a REQ registered is taken as it registers: however long its query
+// then waits, and however many events pass meanwhile (here the whole kept window), an event its
+// snapshot misses is still sent.
+func TestReplayKeepsWhatWasDeliveredAtRegistration(t *testing.T) {
+	tr := startRelay(t, nil)
+	ctx := context.Background()
+	_, pk := testenv.NewKey()
+	tx, err := tr.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	pending, xid := pendingRow(t, tx, pk)
+	tr.s.Deliver(storedDelivery(&pending, xid))
+
+	reached, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	defer hooks.Set("relay.req.registered", func(context.Context) {
+		once.Do(func() { close(reached); <-release })
+	})()
+	c := tr.dial(t)
+	c.sendJSON("REQ", "s", nostr.Filter{Authors: []string{pk}})
+	<-reached
+	_, other := testenv.NewKey()
+	for i := 0; i < recentMaxEntries+10; i++ { // pushes the pending event out of the kept window
+		ev := nostr.Event{ID: randHex64(), PubKey: other, CreatedAt: nostr.Now(), Kind: 1, Tags: nostr.Tags{}}
+		tr.s.Deliver(storedDelivery(&ev, xid+1))
+	}
+	close(release)
+	got, closed := c.collect("s")
+	if closed != "" || len(got) != 1 || got[0].ID != pending.ID {
+		t.Fatalf("REQ answered %d events (CLOSED %q), want only the one its snapshot missed", len(got), closed)
+	}
+}
+
+// A replayed event of a DM whose member set cannot be read closes the subscription with an error
+// (a gated event dropped silently would be a gap the client never learns of).
+func TestReplayWithoutMembersClosesTheSubscription(t *testing.T) {
+	tr := startRelay(t, func(c *Config) { c.MaxQueriesPerIP = 1 })
+	tr.s.memberWait = 200 * time.Millisecond
+	ctx := context.Background()
+	a := newParty(t, tr, true)
+	b := newParty(t, tr, true)
+	ch := openDM(t, a, b.pk)
+	tx, err := tr.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	pending, xid := pendingRow(t, tx, a.pk)
+	tr.s.Deliver(evt.Delivery{Event: &pending, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}, Xid: xid})
+
+	// After its query the REQ finds the client's share of the query pool taken, so its member
+	// lookup times out.
+	var once sync.Once
+	var taken bool
+	defer hooks.Set("relay.req.queried", func(context.Context) {
+		once.Do(func() { taken = tr.s.ipQueries.acquire(ctx, "127.0.0.1") })
+	})()
+	defer func() {
+		if taken {
+			tr.s.ipQueries.release("127.0.0.1")
+		}
+	}()
+	if _, closed := b.c.reqOrClosed("s", nostr.Filter{Authors: []string{a.pk}}); closed != "error: could not check channel membership, try again" {
+		t.Fatalf("CLOSED %q, want the membership error", closed)
+	}
+}
+
+// pendingRow inserts a public kind-1 row of pk in tx (not committed: other sessions do not see
+// it) and returns it with tx's id.
+func pendingRow(t *testing.T, tx pgx.Tx, pk string) (nostr.Event, uint32) {
+	t.Helper()
+	var id string
+	var xid int64
+	if err := tx.QueryRow(context.Background(), `
+		INSERT INTO buzz.events (id, pubkey, created_at, kind, tags, content, sig)
+		VALUES (md5($1 || clock_timestamp()) || md5($1), $1, $2, 1, '[]', 'not visible yet', repeat('0', 128))
+		RETURNING id, pg_current_xact_id()::text::bigint`, pk, int64(nostr.Now())).Scan(&id, &xid); err != nil {
+		t.Fatal(err)
+	}
+	return nostr.Event{ID: id, PubKey: pk, CreatedAt: nostr.Now(), Kind: 1, Tags: nostr.Tags{}, Content: "not visible yet"}, uint32(xid)
+}
+
+// A connection an error left inside the REQ transaction goes back to the pool usable (the pool
+// would otherwise drop it and open another, a backend start per failed query).
+func TestAbandonTxReturnsTheConnection(t *testing.T) {
+	tr := startRelay(t, nil)
+	ctx := context.Background()
+	pc, err := tr.s.query.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := pc.Conn().PgConn().PID()
+	released := false
+	defer func() { // a failing check must not leave the pool's Close waiting for it
+		if !released {
+			pc.Release()
+		}
+	}()
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY`)
+	b.Queue(`SELECT 1 / 0`)
+	b.Queue(`COMMIT`)
+	if err := pc.SendBatch(ctx, b).Close(); err == nil {
+		t.Fatal("division by zero did not fail")
+	}
+	if st := pc.Conn().PgConn().TxStatus(); st != 'E' {
+		t.Fatalf("transaction status %q, want E (failed, open)", st)
+	}
+	abandonTx(pc)
+	if st := pc.Conn().PgConn().TxStatus(); st != 'I' {
+		t.Fatalf("after abandonTx: transaction status %q, want I", st)
+	}
+	pc.Release()
+	released = true
+	idle := tr.s.query.AcquireAllIdle(ctx)
+	defer func() {
+		for _, c := range idle {
+			c.Release()
+		}
+	}()
+	for _, c := range idle {
+		if c.Conn().PgConn().PID() == pid {
+			return
+		}
+	}
+	t.Fatalf("backend %d was not returned to the pool", pid)
 }

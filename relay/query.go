@@ -58,6 +58,9 @@ func (c *conn) handleReq(subID string, filters []nostr.Filter) {
 	}
 	c.subs[subID] = sub
 	c.mu.Unlock()
+	// Taken now, not after the query: however long the query waits, what was delivered just
+	// before the subscription existed is still at hand (recentStored).
+	before := c.s.recent.matching(sub, timeNow())
 	hooks.At(sub.ctx, "relay.req.registered")
 
 	if !c.acquireQuery(sub.ctx) {
@@ -66,7 +69,7 @@ func (c *conn) handleReq(subID string, filters []nostr.Filter) {
 	go func() {
 		defer c.releaseQuery()
 		defer c.recoverQuery(subID, sub)
-		c.runInitial(sub)
+		c.runInitial(sub, before)
 	}()
 }
 
@@ -164,9 +167,10 @@ type storedRow struct {
 }
 
 // runInitial runs the REQ's initial query, sends the rows the subscription has not seen yet, the
-// stored events its snapshot missed (replayUnseen), then EOSE. The rows are read completely
-// (bounded by maxInitialBytes) before sending, so a slow client holds no database connection.
-func (c *conn) runInitial(sub *subscription) {
+// stored events delivered before it existed that the query's snapshot missed (replayUnseen), then
+// EOSE. The rows are read completely (bounded by maxInitialBytes) before sending, so a slow client
+// holds no database connection.
+func (c *conn) runInitial(sub *subscription, before []evt.Delivery) {
 	rows, held, snap, err := c.queryStored(sub.ctx, sub.filters)
 	// Each row gives its bytes back once it is in the send queue (bounded per connection), so a
 	// slow reader holds only what it has not taken yet; the rest comes back when this returns.
@@ -211,20 +215,33 @@ func (c *conn) runInitial(sub *subscription) {
 		c.releaseInitial(int64(len(r.json)))
 		held -= int64(len(r.json))
 	}
-	if snap != nil && !c.replayUnseen(sub, snap) {
+	if snap != nil && !c.replayUnseen(sub, snap, before) {
 		return
 	}
 	sub.sendLocked(c, marshalArray("EOSE", sub.id), nil)
 }
 
-// replayUnseen sends what Deliver was handed before the subscription existed and the query's
-// snapshot did not see yet (recentStored): committed, decoded, but not yet visible to other
-// sessions when the query ran. Gates and filters as in Deliver; seen drops what already came
-// live. It returns false when the subscription or connection is done.
-func (c *conn) replayUnseen(sub *subscription, snap *pgSnapshot) bool {
+// replayUnseen sends the deliveries that came before the subscription existed (before) whose
+// transactions the query's snapshot did not see yet: committed, decoded, but not yet visible to
+// other sessions when the query ran. Gates as in Deliver; seen drops what already came live. It
+// returns false when the subscription is done, closed here if a member set could not be read
+// (dropping a gated event silently would leave a gap the client cannot see).
+func (c *conn) replayUnseen(sub *subscription, snap *pgSnapshot, before []evt.Delivery) bool {
 	now := timeNow()
-	for _, d := range c.s.recent.unseenBy(snap, now) {
-		if expired(d.Event, now.Unix()) || !sub.matchesAny(d, newTagIndex(d.Event)) || !c.mayRead(sub.ctx, d) {
+	for _, d := range before {
+		if snap.sees(d.Xid) || expired(d.Event, now.Unix()) {
+			continue
+		}
+		ok, err := c.mayRead(sub.ctx, d)
+		if err != nil {
+			if sub.ctx.Err() == nil {
+				c.log.Warn("membership lookup failed for a REQ; subscription closed", "sub", sub.id, "err", err)
+				c.removeSub(sub)
+				c.sendClosed(sub.id, "error: could not check channel membership, try again")
+			}
+			return false
+		}
+		if !ok {
 			continue
 		}
 		id := keyOf(d.Event.ID)
@@ -235,24 +252,23 @@ func (c *conn) replayUnseen(sub *subscription, snap *pgSnapshot) bool {
 	return true
 }
 
-// mayRead is the live read gate for one connection (Deliver's, with a lookup on the query pool
-// within the client's share). A member set that cannot be read reads as no: fail closed.
-func (c *conn) mayRead(ctx context.Context, d evt.Delivery) bool {
+// mayRead is the live read gate for one connection (Deliver's), with a member lookup on the
+// query pool within the client's share.
+func (c *conn) mayRead(ctx context.Context, d evt.Delivery) (bool, error) {
 	var members []string
 	if d.Scope.Kind == evt.ScopeChannel {
 		ctx, cancel := context.WithTimeout(ctx, c.s.memberWait)
 		sets, err := c.lookupMembers(ctx, []string{d.Scope.Channel})
 		cancel()
 		if err != nil {
-			c.log.Warn("membership lookup failed; a replayed event is not sent", "id", d.Event.ID, "err", err)
-			return false
+			return false, err
 		}
 		members = sets[d.Scope.Channel]
 	}
 	return d.Scope.Readable(d.Event.PubKey, c.authedList(), func(channel, pubkey string) bool {
 		_, ok := slices.BinarySearch(members, pubkey)
 		return ok && channel == d.Scope.Channel
-	})
+	}), nil
 }
 
 // sendLocked enqueues msg for sub, deciding (want, under sub.mu) and enqueueing in one critical
@@ -319,11 +335,10 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out 
 	}
 	defer release()
 	// The snapshot and the rows come from one transaction, so from one snapshot; all four
-	// statements go in one round trip. A connection an error leaves inside the transaction is
-	// not pooled again (pgxpool drops it on release).
+	// statements go in one round trip.
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY`)
-	b.Queue(`SELECT pg_current_snapshot()::text`)
+	b.Queue(`SELECT pg_current_snapshot()::text, pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint`)
 	b.Queue(sql, args...)
 	b.Queue(`COMMIT`)
 	br := pc.SendBatch(ctx, b)
@@ -331,32 +346,25 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out 
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}
+		if err != nil {
+			abandonTx(pc)
+		}
 	}()
 	if _, err = br.Exec(); err != nil {
 		return nil, 0, nil, err
 	}
 	var snapText string
-	if err = br.QueryRow().Scan(&snapText); err != nil {
+	var walPos int64
+	if err = br.QueryRow().Scan(&snapText, &walPos); err != nil {
 		return nil, 0, nil, err
 	}
 	if snap, err = parseSnapshot(snapText); err != nil {
 		return nil, 0, nil, err
 	}
-	out, held, err = c.readRows(br)
-	if err != nil {
-		return out, held, nil, err
-	}
-	if _, err = br.Exec(); err != nil { // COMMIT
-		return out, held, nil, err
-	}
-	return out, held, snap, nil
-}
-
-// readRows reads the query's rows within the budget and the shares of it.
-func (c *conn) readRows(br pgx.BatchResults) (out []storedRow, held int64, err error) {
+	snap.walPos = uint64(walPos)
 	rows, err := br.Query()
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, nil, err
 	}
 	defer rows.Close()
 	var ev nostr.Event
@@ -367,7 +375,7 @@ func (c *conn) readRows(br pgx.BatchResults) (out []storedRow, held int64, err e
 		var kind int32
 		var createdAt int64
 		if err := rows.Scan(&ev.ID, &ev.PubKey, &createdAt, &kind, &tags, &ev.Content, &ev.Sig); err != nil {
-			return out, held, err
+			return out, held, nil, err
 		}
 		if ev.ID == prev {
 			continue // the same row matched by another filter: adjacent in (created_at, id) order
@@ -389,7 +397,7 @@ func (c *conn) readRows(br pgx.BatchResults) (out []storedRow, held int64, err e
 			metrics.InitialTruncated.WithLabelValues(bound).Inc()
 			c.log.Debug("initial query truncated", "bound", bound, "rows", len(out))
 			if len(out) == 0 {
-				return nil, 0, errBudgetSpent
+				return nil, 0, nil, errBudgetSpent
 			}
 			break
 		}
@@ -397,7 +405,26 @@ func (c *conn) readRows(br pgx.BatchResults) (out []storedRow, held int64, err e
 		out = append(out, storedRow{id: ev.ID, json: js})
 	}
 	rows.Close()
-	return out, held, rows.Err()
+	if err = rows.Err(); err != nil {
+		return out, held, nil, err
+	}
+	if _, err = br.Exec(); err != nil { // COMMIT
+		return out, held, nil, err
+	}
+	return out, held, snap, nil
+}
+
+// abandonTx ends a transaction an error left open on pc (a statement timeout, say), so the
+// connection goes back to the pool instead of being dropped by it and opened again (under
+// overload, when timeouts come, that would add a backend start to each). A closed connection
+// is left to the pool.
+func abandonTx(pc *pgxpool.Conn) {
+	if pc.Conn().IsClosed() || pc.Conn().PgConn().TxStatus() == 'I' {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, _ = pc.Exec(ctx, `ROLLBACK`)
 }
 
 // takeInitial takes n bytes of initial results for this connection: from its share, its client

@@ -10,9 +10,9 @@ import (
 // recentStored keeps the stored events Deliver was handed lately. PostgreSQL writes a commit to
 // the WAL, which logical decoding reads, before the commit is visible to other sessions (with
 // synchronous replication, a standby round trip before). So an event can reach Deliver before a
-// REQ registers and still be missing from that REQ's initial query. The REQ replays the kept
-// events its snapshot did not see. Bounded by count, bytes and age: the gap is a commit's last
-// steps, or a synchronous standby's reply.
+// REQ registers and still be missing from that REQ's initial query. A REQ takes the kept events
+// its filters match as it registers, and sends those its query's snapshot did not see. Bounded by
+// count, bytes and age: the gap is a commit's last steps, or a synchronous standby's reply.
 type recentStored struct {
 	mu      sync.Mutex
 	entries []recentEntry // oldest first
@@ -28,7 +28,7 @@ type recentEntry struct {
 const (
 	recentMaxEntries = 2048
 	recentMaxBytes   = 8 << 20
-	recentMaxAge     = 10 * time.Second
+	recentMaxAge     = 5 * time.Second
 )
 
 func (r *recentStored) add(d evt.Delivery, now time.Time) {
@@ -50,13 +50,14 @@ func (r *recentStored) add(d evt.Delivery, now time.Time) {
 	}
 }
 
-// unseenBy returns the kept deliveries whose transactions snap did not see, oldest first.
-func (r *recentStored) unseenBy(snap *pgSnapshot, now time.Time) []evt.Delivery {
+// matching returns the kept deliveries sub's filters match, oldest first. Called as the
+// subscription registers; its query's snapshot then says which of them it missed.
+func (r *recentStored) matching(sub *subscription, now time.Time) []evt.Delivery {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var out []evt.Delivery
 	for _, e := range r.entries {
-		if e.d.Xid != 0 && now.Sub(e.at) <= recentMaxAge && !snap.sees(e.d.Xid) {
+		if now.Sub(e.at) <= recentMaxAge && sub.matchesAny(e.d, newTagIndex(e.d.Event)) {
 			out = append(out, e.d)
 		}
 	}

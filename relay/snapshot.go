@@ -15,6 +15,9 @@ import (
 type pgSnapshot struct {
 	xmin, xmax uint64
 	xip        []uint64 // in progress at the snapshot, sorted
+	// walPos is the WAL insert position read right after the snapshot was taken: every
+	// transaction the snapshot saw committed before it.
+	walPos uint64
 }
 
 // parseSnapshot reads pg_snapshot's text form, "xmin:xmax:xip,xip,...".

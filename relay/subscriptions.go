@@ -29,9 +29,18 @@ type subscription struct {
 
 // answered reports whether the initial query's snapshot saw d's transaction: the query answered
 // the event or passed over it. Only stored events: ephemeral ones and due signals are never in an
-// answer. Caller holds s.mu.
+// answer. The first delivery committed past the snapshot's WAL position ends the snapshot's use
+// (every later one is unseen): a subscription open for days holds no snapshot, and no xid is
+// read against one from more than 2^31 transactions ago. Caller holds s.mu.
 func (s *subscription) answered(d evt.Delivery) bool {
-	return s.snap != nil && d.Xid != 0 && !d.Due && !isEphemeral(d.Event.Kind) && s.snap.sees(d.Xid)
+	if s.snap == nil {
+		return false
+	}
+	if d.CommitLSN > s.snap.walPos {
+		s.snap = nil
+		return false
+	}
+	return d.Xid != 0 && !d.Due && !isEphemeral(d.Event.Kind) && s.snap.sees(d.Xid)
 }
 
 // isEphemeral: NIP-01 kinds 20000-29999, fanned out and never stored.

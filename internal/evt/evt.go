@@ -72,6 +72,9 @@ type Delivery struct {
 	// unknown). A subscription's initial query answered or passed over every event whose
 	// transaction its snapshot saw, so those are not delivered to it live.
 	Xid uint32
+	// CommitLSN is where the transaction's commit record is (0 if unknown). Deliveries come in
+	// commit order, so once one is past a REQ snapshot's WAL position, none after it was seen.
+	CommitLSN uint64
 	// Members, when set, is not an event (Event is nil): member rows of these channels changed
 	// (an operator's edit, sql/0014), and cached member sets of them must be forgotten.
 	Members *MembersChange
