@@ -2,7 +2,9 @@
 -- to keep DM opens quiet. An UPDATE of the channel row gives it our xmin too, so an operator who
 -- rewrote a channel (say its participant_hash) and added a member in one transaction announced
 -- nothing, and relays with the old set cached never delivered that DM to the new member. The
--- test is now on the member rows: a channel is quiet only when every member row is ours.
+-- test is now on the member rows: a channel is quiet only when the inserting statement wrote
+-- every member row it has (an upsert that touches existing rows, or a hide before the insert,
+-- gives them this transaction's xmin too, so xmin cannot tell).
 
 CREATE OR REPLACE FUNCTION buzz.members_changed() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -14,14 +16,16 @@ BEGIN
       PERFORM pg_logical_emit_message(true, 'buzz', '{"t":"members","all":true}');
       RETURN NULL;
     WHEN 'INSERT' THEN
-      -- A channel whose every member row this transaction wrote (a DM open) has no cached set
+      -- A channel whose every member row this statement inserted (a DM open) has no cached set
       -- anywhere: an empty set is never cached, and a delete that emptied it was announced. Say
-      -- nothing for it. (Rows written in a subtransaction carry another xmin: announced, harmless.)
+      -- nothing for it. Any other member row of the channel, however recently written, means a
+      -- set may be cached.
       SELECT array_agg(DISTINCT n.channel_id::text) INTO chans
         FROM members_new n
        WHERE EXISTS (SELECT 1 FROM buzz.members m
                       WHERE m.channel_id = n.channel_id
-                        AND m.xmin::text::numeric <> pg_current_xact_id()::text::numeric % 4294967296);
+                        AND NOT EXISTS (SELECT 1 FROM members_new x
+                                         WHERE x.channel_id = m.channel_id AND x.pubkey = m.pubkey));
     WHEN 'DELETE' THEN
       SELECT array_agg(DISTINCT channel_id::text) INTO chans FROM members_old;
     ELSE

@@ -119,6 +119,13 @@ func TestMemberEditsAreAnnounced(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect("an insert beside an update of its channel", ch)
+	// An upsert naming every existing member and a new one: only the new row is inserted, the
+	// others are rewritten (so they carry this transaction's xmin) by the update branch.
+	frank := newFanUser()
+	exec(`INSERT INTO buzz.members (channel_id, pubkey)
+	      SELECT channel_id, pubkey FROM buzz.members WHERE channel_id = $1::uuid UNION ALL SELECT $1::uuid, $2
+	      ON CONFLICT (channel_id, pubkey) DO UPDATE SET hidden_at = NULL`, ch, frank.pk)
+	expect("an upsert adding a member beside the existing ones", ch)
 	exec(`UPDATE buzz.members SET pubkey = $3 WHERE channel_id = $1::uuid AND pubkey = $2`, ch, carol.pk, dave.pk)
 	expect("a key moved", ch)
 	exec(`UPDATE buzz.members SET channel_id = $2::uuid WHERE channel_id = $1::uuid AND pubkey = $3`, ch, other, dave.pk)
