@@ -605,15 +605,24 @@ func TestFanoutNewSlotForgetsEveryMemberSet(t *testing.T) {
 	}
 }
 
-// Each delivery carries its transaction's id: the relay compares it with a REQ's snapshot to
-// tell events its initial query saw from new ones. Mutating it (e.g. 0) fails this.
+// Each delivery carries its transaction's id and commit position: the relay compares them with a
+// REQ's snapshot to tell events its initial query saw from new ones.
 func TestFanoutDeliveriesCarryTheirTransaction(t *testing.T) {
 	h := newFanHarness(t)
 	ctx := context.Background()
 	sink := newFanRecSink()
 	h.start(FanoutConfig{}, sink, nil)
+	lsnAt := func() uint64 {
+		var lsn int64
+		if err := h.pool.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint`).Scan(&lsn); err != nil {
+			t.Fatal(err)
+		}
+		return uint64(lsn)
+	}
+	before := lsnAt()
 	ev := fanSigned(1, "which transaction", nil)
 	h.accept(ctx, ev)
+	after := lsnAt()
 	sink.waitAll(t, []string{ev.ID}, 20*time.Second)
 	var xmin int64
 	if err := h.pool.QueryRow(ctx, `SELECT xmin::text::bigint FROM buzz.events WHERE id = $1`, ev.ID).Scan(&xmin); err != nil {
@@ -622,5 +631,8 @@ func TestFanoutDeliveriesCarryTheirTransaction(t *testing.T) {
 	d, _ := sink.get(fanDedupeKey(evt.Delivery{Event: ev}))
 	if d.Xid == 0 || d.Xid != uint32(xmin) {
 		t.Fatalf("delivery Xid %d, want the inserting transaction %d", d.Xid, xmin)
+	}
+	if d.CommitLSN <= before || d.CommitLSN >= after {
+		t.Fatalf("delivery CommitLSN %d, want the commit's, between %d and %d", d.CommitLSN, before, after)
 	}
 }
