@@ -14,9 +14,11 @@ import (
 // its filters match as it registers, and sends those its query's snapshot did not see. Bounded by
 // count, bytes and age: the gap is a commit's last steps, or a synchronous standby's reply.
 type recentStored struct {
-	mu      sync.Mutex
-	entries []recentEntry // oldest first
-	bytes   int
+	mu    sync.Mutex
+	ring  []recentEntry // circular, oldest at head; allocated on first use
+	head  int
+	n     int
+	bytes int
 }
 
 type recentEntry struct {
@@ -32,22 +34,21 @@ const (
 )
 
 func (r *recentStored) add(d evt.Delivery, now time.Time) {
-	n := approxSize(d)
+	size := approxSize(d)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.entries = append(r.entries, recentEntry{d: d, at: now, bytes: n})
-	r.bytes += n
-	drop := 0
-	for drop < len(r.entries) && (len(r.entries)-drop > recentMaxEntries || r.bytes > recentMaxBytes ||
-		now.Sub(r.entries[drop].at) > recentMaxAge) {
-		r.bytes -= r.entries[drop].bytes
-		drop++
+	if r.ring == nil {
+		r.ring = make([]recentEntry, recentMaxEntries)
 	}
-	if drop > 0 {
-		// Shift rather than reslice, so the backing array does not keep dropped events alive.
-		r.entries = r.entries[:copy(r.entries, r.entries[drop:])]
-		clear(r.entries[len(r.entries):cap(r.entries)][:drop])
+	for r.n > 0 && (r.n == len(r.ring) || r.bytes+size > recentMaxBytes || now.Sub(r.ring[r.head].at) > recentMaxAge) {
+		r.bytes -= r.ring[r.head].bytes
+		r.ring[r.head] = recentEntry{} // the event can go
+		r.head = (r.head + 1) % len(r.ring)
+		r.n--
 	}
+	r.ring[(r.head+r.n)%len(r.ring)] = recentEntry{d: d, at: now, bytes: size}
+	r.n++
+	r.bytes += size
 }
 
 // matching returns the kept deliveries sub's filters match, oldest first. Called as the
@@ -56,7 +57,8 @@ func (r *recentStored) matching(sub *subscription, now time.Time) []evt.Delivery
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var out []evt.Delivery
-	for _, e := range r.entries {
+	for i := 0; i < r.n; i++ {
+		e := &r.ring[(r.head+i)%len(r.ring)]
 		if now.Sub(e.at) <= recentMaxAge && sub.matchesAny(e.d, newTagIndex(e.d.Event)) {
 			out = append(out, e.d)
 		}
