@@ -28,8 +28,9 @@ type fanRecSink struct {
 	byKey     map[string]int
 	all       []evt.Delivery
 	onDeliver func(evt.Delivery)
-	// forgotAll holds, for each "forget every member set", how many deliveries came before it.
-	forgotAll []int
+	// resets holds, for each stream reset (forget every member set and every snapshot), how many
+	// deliveries came before it.
+	resets []int
 }
 
 func newFanRecSink() *fanRecSink {
@@ -40,9 +41,9 @@ func newFanRecSink() *fanRecSink {
 
 func (s *fanRecSink) Deliver(d evt.Delivery) {
 	if d.Members != nil {
-		if d.Members.All { // a member edit, not an event
+		if d.Members.All && d.Reset { // not an event
 			s.mu.Lock()
-			s.forgotAll = append(s.forgotAll, len(s.all))
+			s.resets = append(s.resets, len(s.all))
 			s.mu.Unlock()
 		}
 		return

@@ -267,7 +267,7 @@ func (f *Fanout) ensureSlot(ctx context.Context) error {
 	if lost {
 		// A member edit announced while the slot was missing never reaches us, and a cached set
 		// is only dropped when one does: forget them all before the first event of the new slot.
-		f.sink.Deliver(evt.Delivery{Members: &evt.MembersChange{All: true}})
+		f.sink.Deliver(evt.Delivery{Members: &evt.MembersChange{All: true}, Reset: true})
 	}
 	return nil
 }

@@ -597,10 +597,10 @@ func TestFanoutNewSlotForgetsEveryMemberSet(t *testing.T) {
 
 	sink.mu.Lock()
 	defer sink.mu.Unlock()
-	if len(sink.forgotAll) != 1 {
-		t.Fatalf("told to forget every member set %d times, want once (on the new slot)", len(sink.forgotAll))
+	if len(sink.resets) != 1 {
+		t.Fatalf("told of a stream reset (forget every member set and snapshot) %d times, want once (on the new slot)", len(sink.resets))
 	}
-	if at := sink.forgotAll[0]; at < 1 || at >= len(sink.all) || sink.all[at].Event.ID != after.ID {
+	if at := sink.resets[0]; at < 1 || at >= len(sink.all) || sink.all[at].Event.ID != after.ID {
 		t.Fatalf("forget came after %d deliveries, want it between the event on the old slot and the one on the new", at)
 	}
 }

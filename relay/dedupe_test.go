@@ -309,3 +309,87 @@ func TestAbandonTxReturnsTheConnection(t *testing.T) {
 	}
 	t.Fatalf("backend %d was not returned to the pool", pid)
 }
+
+// A filter with limit 0 had no initial query, so the snapshot says nothing for it: an event
+// committed while the REQ waited for its query, seen by the other filter's snapshot, still
+// reaches it live.
+func TestLimitZeroFilterIsLiveWhateverTheSnapshotSaw(t *testing.T) {
+	tr := startRelay(t, nil)
+	_, pk := testenv.NewKey()
+	reached, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	defer hooks.Set("relay.req.registered", func(context.Context) {
+		once.Do(func() { close(reached); <-release })
+	})()
+	c := tr.dial(t)
+	c.sendJSON("REQ", "s", nostr.Filter{Kinds: []int{7}, Authors: []string{pk}, Limit: 10},
+		nostr.Filter{Kinds: []int{1}, Authors: []string{pk}, LimitZero: true})
+	<-reached
+	evs, xid := storeRows(t, tr, pk, 1) // committed after registration, before the query
+	close(release)
+	if got, closed := c.collect("s"); len(got) != 0 || closed != "" {
+		t.Fatalf("initial answer %d events, CLOSED %q; want none (limit 0 for kind 1)", len(got), closed)
+	}
+	if subSnapshot(tr, "s") == nil || !subSnapshot(tr, "s").sees(xid) {
+		t.Fatal("test premise: the query's snapshot saw the event")
+	}
+	tr.s.Deliver(storedDelivery(&evs[0], xid))
+	if got := c.nextEvent("s"); got.ID != evs[0].ID {
+		t.Fatalf("live event %s, want %s", got.ID, evs[0].ID)
+	}
+}
+
+// A stream reset (a new slot, after a failover say) drops every subscription's snapshot: WAL
+// positions and transaction ids from before it may be reused.
+func TestStreamResetDropsSnapshots(t *testing.T) {
+	tr := startRelay(t, nil)
+	_, pk := testenv.NewKey()
+	evs, xid := storeRows(t, tr, pk, 1)
+	c := tr.dial(t)
+	c.req("s", nostr.Filter{Authors: []string{pk}})
+	if subSnapshot(tr, "s") == nil {
+		t.Fatal("no snapshot after the query")
+	}
+	tr.s.Deliver(evt.Delivery{Members: &evt.MembersChange{All: true}, Reset: true})
+	if subSnapshot(tr, "s") != nil {
+		t.Fatal("the snapshot outlived a stream reset")
+	}
+	// The same transaction id, from the new timeline, is new.
+	tr.s.Deliver(storedDelivery(&evs[0], xid))
+	if got := c.nextEvent("s"); got.ID != evs[0].ID {
+		t.Fatalf("live event %s, want %s", got.ID, evs[0].ID)
+	}
+}
+
+// A connection that has not authenticated is nobody's member: a replayed DM event is skipped
+// without a member lookup (which here could not get the client's query share and would close the
+// subscription).
+func TestReplayOfADMEventNeedsNoLookupWithoutAuth(t *testing.T) {
+	tr := startRelay(t, func(c *Config) { c.MaxQueriesPerIP = 1 })
+	tr.s.memberWait = 200 * time.Millisecond
+	ctx := context.Background()
+	a := newParty(t, tr, true)
+	b := newParty(t, tr, true)
+	ch := openDM(t, a, b.pk)
+	tx, err := tr.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	pending, xid := pendingRow(t, tx, a.pk)
+	tr.s.Deliver(evt.Delivery{Event: &pending, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}, Xid: xid})
+	var once sync.Once
+	var taken bool
+	defer hooks.Set("relay.req.queried", func(context.Context) {
+		once.Do(func() { taken = tr.s.ipQueries.acquire(ctx, "127.0.0.1") })
+	})()
+	defer func() {
+		if taken {
+			tr.s.ipQueries.release("127.0.0.1")
+		}
+	}()
+	anon := tr.dial(t)
+	if got, closed := anon.reqOrClosed("s", nostr.Filter{Authors: []string{a.pk}}); len(got) != 0 || closed != "" {
+		t.Fatalf("anonymous REQ: %d events, CLOSED %q; want EOSE and nothing", len(got), closed)
+	}
+}

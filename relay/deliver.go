@@ -21,6 +21,9 @@ import (
 func (s *Server) Deliver(d evt.Delivery) {
 	if d.Members != nil {
 		s.members.forget(*d.Members, d.Xid)
+		if d.Reset {
+			s.dropSnapshots()
+		}
 		return
 	}
 	if d.Event == nil || expired(d.Event, timeNow().Unix()) {
@@ -65,6 +68,21 @@ func (s *Server) Deliver(d evt.Delivery) {
 			js = eventJSON(d.Event)
 		}
 		c.deliver(d, js, ix)
+	}
+}
+
+// dropSnapshots makes every subscription forget its query's snapshot: the stream restarted on a
+// new slot (after a failover, say), and WAL positions and transaction ids from before it may be
+// reused.
+func (s *Server) dropSnapshots() {
+	for _, c := range s.snapshotConns() {
+		c.mu.Lock()
+		for _, sub := range c.subs {
+			sub.mu.Lock()
+			sub.snap = nil
+			sub.mu.Unlock()
+		}
+		c.mu.Unlock()
 	}
 }
 
@@ -127,11 +145,12 @@ func (c *conn) deliver(d evt.Delivery, js []byte, ix tagIndex) {
 	}
 	id := keyOf(d.Event.ID)
 	for _, sub := range c.subs {
-		if !sub.matchesAny(d, ix) {
+		matched, liveOnly := sub.matching(d, ix)
+		if !matched {
 			continue
 		}
 		sub.mu.Lock()
-		if sub.closed || sub.answered(d) || (!d.Due && !sub.seen.add(id)) {
+		if sub.closed || (sub.answered(d) && !liveOnly) || (!d.Due && !sub.seen.add(id)) {
 			sub.mu.Unlock()
 			continue
 		}
@@ -162,6 +181,30 @@ func (s *Server) anySubscriptionMatches(d evt.Delivery, ix tagIndex) bool {
 			}
 		}
 		c.mu.Unlock()
+	}
+	return false
+}
+
+// matching reports whether d matches one of s's filters, and whether one of those it matches had
+// no initial query (limit 0): for that one d is live whatever the query's snapshot saw.
+func (s *subscription) matching(d evt.Delivery, ix tagIndex) (matched, liveOnly bool) {
+	for _, f := range s.filters {
+		if f.matchesIndexed(d.Event, ix, d.Due) {
+			matched = true
+			if f.limit <= 0 {
+				return true, true
+			}
+		}
+	}
+	return matched, false
+}
+
+// matchesQueried reports whether d matches a filter that had an initial query.
+func (s *subscription) matchesQueried(d evt.Delivery, ix tagIndex) bool {
+	for _, f := range s.filters {
+		if f.limit > 0 && f.matchesIndexed(d.Event, ix, d.Due) {
+			return true
+		}
 	}
 	return false
 }

@@ -197,9 +197,11 @@ func (c *conn) runInitial(sub *subscription, before []evt.Delivery) {
 		return
 	}
 	hooks.At(sub.ctx, "relay.req.queried")
-	// From here on, live events the query's snapshot saw are not sent: the query answered them,
-	// or passed them over (limit, budget, replaced, deleted). Those that came live while it ran
-	// are in seen, and their rows are skipped below.
+	before = unseenBy(snap, before) // keep only what may be sent: a slow reader holds no more
+	// From here on, live events the query's snapshot saw are not sent (unless they also match a
+	// filter with limit 0, which had no query): the query answered them, or passed them over
+	// (limit, budget, replaced, deleted). Those that came live while it ran are in seen, and
+	// their rows are skipped below.
 	sub.mu.Lock()
 	sub.snap = snap
 	sub.mu.Unlock()
@@ -215,21 +217,21 @@ func (c *conn) runInitial(sub *subscription, before []evt.Delivery) {
 		c.releaseInitial(int64(len(r.json)))
 		held -= int64(len(r.json))
 	}
-	if snap != nil && !c.replayUnseen(sub, snap, before) {
+	if !c.replayUnseen(sub, before) {
 		return
 	}
 	sub.sendLocked(c, marshalArray("EOSE", sub.id), nil)
 }
 
-// replayUnseen sends the deliveries that came before the subscription existed (before) whose
-// transactions the query's snapshot did not see yet: committed, decoded, but not yet visible to
-// other sessions when the query ran. Gates as in Deliver; seen drops what already came live. It
-// returns false when the subscription is done, closed here if a member set could not be read
-// (dropping a gated event silently would leave a gap the client cannot see).
-func (c *conn) replayUnseen(sub *subscription, snap *pgSnapshot, before []evt.Delivery) bool {
+// replayUnseen sends the deliveries that came before the subscription existed and that its
+// query's snapshot did not see (unseen: committed, decoded, but not yet visible to other sessions
+// when the query ran). Gates as in Deliver; seen drops what already came live. It returns false
+// when the subscription is done, closed here if a member set could not be read (dropping a gated
+// event silently would leave a gap the client cannot see).
+func (c *conn) replayUnseen(sub *subscription, unseen []evt.Delivery) bool {
 	now := timeNow()
-	for _, d := range before {
-		if snap.sees(d.Xid) || expired(d.Event, now.Unix()) {
+	for _, d := range unseen {
+		if expired(d.Event, now.Unix()) {
 			continue
 		}
 		ok, err := c.mayRead(sub.ctx, d)
@@ -252,11 +254,29 @@ func (c *conn) replayUnseen(sub *subscription, snap *pgSnapshot, before []evt.De
 	return true
 }
 
+// unseenBy keeps the deliveries whose transactions snap did not see (none without a snapshot:
+// there was no query to miss them).
+func unseenBy(snap *pgSnapshot, ds []evt.Delivery) []evt.Delivery {
+	if snap == nil {
+		return nil
+	}
+	var out []evt.Delivery
+	for _, d := range ds {
+		if !snap.sees(d.Xid) {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
 // mayRead is the live read gate for one connection (Deliver's), with a member lookup on the
 // query pool within the client's share.
 func (c *conn) mayRead(ctx context.Context, d evt.Delivery) (bool, error) {
 	var members []string
 	if d.Scope.Kind == evt.ScopeChannel {
+		if len(c.authedList()) == 0 {
+			return false, nil // only members read it, and this connection is nobody yet
+		}
 		ctx, cancel := context.WithTimeout(ctx, c.s.memberWait)
 		sets, err := c.lookupMembers(ctx, []string{d.Scope.Channel})
 		cancel()

@@ -51,15 +51,19 @@ func (r *recentStored) add(d evt.Delivery, now time.Time) {
 	r.bytes += size
 }
 
-// matching returns the kept deliveries sub's filters match, oldest first. Called as the
-// subscription registers; its query's snapshot then says which of them it missed.
+// matching returns the kept deliveries one of sub's queried filters matches, oldest first.
+// Called as the subscription registers; its query's snapshot then says which of them it missed.
+// The lock is held only to copy: Deliver waits on it.
 func (r *recentStored) matching(sub *subscription, now time.Time) []evt.Delivery {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []evt.Delivery
+	kept := make([]recentEntry, 0, r.n)
 	for i := 0; i < r.n; i++ {
-		e := &r.ring[(r.head+i)%len(r.ring)]
-		if now.Sub(e.at) <= recentMaxAge && sub.matchesAny(e.d, newTagIndex(e.d.Event)) {
+		kept = append(kept, r.ring[(r.head+i)%len(r.ring)])
+	}
+	r.mu.Unlock()
+	var out []evt.Delivery
+	for _, e := range kept {
+		if now.Sub(e.at) <= recentMaxAge && sub.matchesQueried(e.d, newTagIndex(e.d.Event)) {
 			out = append(out, e.d)
 		}
 	}

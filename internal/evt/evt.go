@@ -78,6 +78,9 @@ type Delivery struct {
 	// Members, when set, is not an event (Event is nil): member rows of these channels changed
 	// (an operator's edit, sql/0014), and cached member sets of them must be forgotten.
 	Members *MembersChange
+	// Reset, with Members, says the replication stream restarted on a new slot: transaction ids
+	// and WAL positions from before it say nothing about what comes next.
+	Reset bool
 }
 
 // MembersChange names the channels whose member rows changed, or All of them (a TRUNCATE).
