@@ -218,35 +218,41 @@ func TestReplayKeepsWhatWasDeliveredAtRegistration(t *testing.T) {
 // A replayed event of a DM whose member set cannot be read closes the subscription with an error
 // (a gated event dropped silently would be a gap the client never learns of).
 func TestReplayWithoutMembersClosesTheSubscription(t *testing.T) {
-	tr := startRelay(t, func(c *Config) { c.MaxQueriesPerIP = 1 })
+	_, a, b := dmEventWhoseLookupFails(t)
+	if _, closed := b.c.reqOrClosed("s", nostr.Filter{Authors: []string{a.pk}}); closed != "error: could not check channel membership, try again" {
+		t.Fatalf("CLOSED %q, want the membership error", closed)
+	}
+}
+
+// dmEventWhoseLookupFails: a delivered DM message by a to b whose commit no query can see yet,
+// and a hook that takes the client's whole share of the query pool (1) as soon as a REQ's query
+// is done, so a member lookup after it times out (200 ms).
+func dmEventWhoseLookupFails(t *testing.T) (tr *testRelay, a, b party) {
+	t.Helper()
+	tr = startRelay(t, func(c *Config) { c.MaxQueriesPerIP = 1 })
 	tr.s.memberWait = 200 * time.Millisecond
 	ctx := context.Background()
-	a := newParty(t, tr, true)
-	b := newParty(t, tr, true)
+	a = newParty(t, tr, true)
+	b = newParty(t, tr, true)
 	ch := openDM(t, a, b.pk)
 	tx, err := tr.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx)
+	t.Cleanup(func() { tx.Rollback(ctx) })
 	pending, xid := pendingRow(t, tx, a.pk)
 	tr.s.Deliver(evt.Delivery{Event: &pending, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}, Xid: xid})
-
-	// After its query the REQ finds the client's share of the query pool taken, so its member
-	// lookup times out.
 	var once sync.Once
 	var taken bool
-	defer hooks.Set("relay.req.queried", func(context.Context) {
+	t.Cleanup(hooks.Set("relay.req.queried", func(context.Context) {
 		once.Do(func() { taken = tr.s.ipQueries.acquire(ctx, "127.0.0.1") })
-	})()
-	defer func() {
+	}))
+	t.Cleanup(func() {
 		if taken {
 			tr.s.ipQueries.release("127.0.0.1")
 		}
-	}()
-	if _, closed := b.c.reqOrClosed("s", nostr.Filter{Authors: []string{a.pk}}); closed != "error: could not check channel membership, try again" {
-		t.Fatalf("CLOSED %q, want the membership error", closed)
-	}
+	})
+	return tr, a, b
 }
 
 // pendingRow inserts a public kind-1 row of pk in tx (not committed: other sessions do not see
@@ -365,29 +371,7 @@ func TestStreamResetDropsSnapshots(t *testing.T) {
 // without a member lookup (which here could not get the client's query share and would close the
 // subscription).
 func TestReplayOfADMEventNeedsNoLookupWithoutAuth(t *testing.T) {
-	tr := startRelay(t, func(c *Config) { c.MaxQueriesPerIP = 1 })
-	tr.s.memberWait = 200 * time.Millisecond
-	ctx := context.Background()
-	a := newParty(t, tr, true)
-	b := newParty(t, tr, true)
-	ch := openDM(t, a, b.pk)
-	tx, err := tr.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	pending, xid := pendingRow(t, tx, a.pk)
-	tr.s.Deliver(evt.Delivery{Event: &pending, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}, Xid: xid})
-	var once sync.Once
-	var taken bool
-	defer hooks.Set("relay.req.queried", func(context.Context) {
-		once.Do(func() { taken = tr.s.ipQueries.acquire(ctx, "127.0.0.1") })
-	})()
-	defer func() {
-		if taken {
-			tr.s.ipQueries.release("127.0.0.1")
-		}
-	}()
+	tr, a, _ := dmEventWhoseLookupFails(t)
 	anon := tr.dial(t)
 	if got, closed := anon.reqOrClosed("s", nostr.Filter{Authors: []string{a.pk}}); len(got) != 0 || closed != "" {
 		t.Fatalf("anonymous REQ: %d events, CLOSED %q; want EOSE and nothing", len(got), closed)
