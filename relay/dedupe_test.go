@@ -377,3 +377,36 @@ func TestReplayOfADMEventNeedsNoLookupWithoutAuth(t *testing.T) {
 		t.Fatalf("anonymous REQ: %d events, CLOSED %q; want EOSE and nothing", len(got), closed)
 	}
 }
+
+// An event delivered live while the REQ's query runs is not sent again as a row, even when more
+// live events than the seen window holds (4,096) come before the rows are sent.
+func TestLiveDuringQueryNotResentAfterAFlood(t *testing.T) {
+	tr := startRelay(t, nil)
+	_, pk := testenv.NewKey()
+	evs, xid := storeRows(t, tr, pk, 1)
+	reached, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	defer hooks.Set("relay.req.queried", func(context.Context) {
+		once.Do(func() { close(reached); <-release })
+	})()
+	c := tr.dial(t)
+	c.sendJSON("REQ", "s", nostr.Filter{Authors: []string{pk}})
+	<-reached // the query has read the row; the rows are not sent yet
+	tr.s.Deliver(storedDelivery(&evs[0], xid))
+	flood := seenPerSub + 100
+	for i := 0; i < flood; i++ {
+		ev := nostr.Event{ID: randHex64(), PubKey: pk, CreatedAt: nostr.Now(), Kind: 1, Tags: nostr.Tags{}}
+		tr.s.Deliver(storedDelivery(&ev, xid+1))
+	}
+	close(release)
+	got, closed := c.collect("s")
+	n := 0
+	for _, e := range got {
+		if e.ID == evs[0].ID {
+			n++
+		}
+	}
+	if closed != "" || n != 1 || len(got) != flood+1 {
+		t.Fatalf("CLOSED %q; the stored event sent %d times, %d events in all; want it once among %d", closed, n, len(got), flood+1)
+	}
+}

@@ -154,6 +154,9 @@ func (c *conn) deliver(d evt.Delivery, js []byte, ix tagIndex) {
 			sub.mu.Unlock()
 			continue
 		}
+		if sub.sentLive != nil && !d.Due && len(sub.sentLive) < sentLiveMax {
+			sub.sentLive[id] = struct{}{}
+		}
 		ok := c.q.push(eventMessage(sub.prefix, js))
 		sub.mu.Unlock()
 		if !ok {

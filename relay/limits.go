@@ -82,6 +82,7 @@ const (
 	pingPeriod         = 30 * time.Second
 	slowCloseGrace     = 2 * time.Second // after a send-queue overflow, how long the NOTICE + close frame may take
 	seenPerSub         = 4096            // live de-dup ids remembered per subscription (FIFO)
+	sentLiveMax        = 65536           // ids delivered live while a REQ's query runs, kept until its rows are sent
 	duePerConn         = 1024            // (id, stamp) due signals remembered per connection
 	memberCacheSize    = 65536           // channels whose member set is cached
 	memberLookupWait   = 3 * time.Second

@@ -207,7 +207,10 @@ func (c *conn) runInitial(sub *subscription, before []evt.Delivery) {
 	sub.mu.Unlock()
 	for i, r := range rows {
 		key := keyOf(r.id)
-		sent := sub.sendLocked(c, eventMessage(sub.prefix, r.json), func() bool { return !sub.seen.has(key) })
+		sent := sub.sendLocked(c, eventMessage(sub.prefix, r.json), func() bool {
+			_, live := sub.sentLive[key]
+			return !live && !sub.seen.has(key)
+		})
 		if !sent {
 			return
 		}
@@ -217,6 +220,9 @@ func (c *conn) runInitial(sub *subscription, before []evt.Delivery) {
 		c.releaseInitial(int64(len(r.json)))
 		held -= int64(len(r.json))
 	}
+	sub.mu.Lock()
+	sub.sentLive = nil // the rows are out: live deliveries from now on are new to them
+	sub.mu.Unlock()
 	if !c.replayUnseen(sub, before) {
 		return
 	}

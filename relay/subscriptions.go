@@ -24,7 +24,11 @@ type subscription struct {
 	mu     sync.Mutex // guards closed, seen and snap; also held while enqueueing one of its events
 	closed bool
 	seen   *idFIFO[idKey]
-	snap   *pgSnapshot // the initial query's; nil until it has run (or when it had nothing to read)
+	// sentLive holds, until the initial rows are sent, the ids delivered live meanwhile: seen may
+	// evict them under a flood, and a row of one would then be sent twice. Bounded by
+	// sentLiveMax (past it, seen alone decides).
+	sentLive map[idKey]struct{}
+	snap     *pgSnapshot // the initial query's; nil until it has run (or when it had nothing to read)
 }
 
 // answered reports whether the initial query's snapshot saw d's transaction: the query answered
@@ -54,13 +58,14 @@ func newSubscription(parent context.Context, id string, filters []*compiledFilte
 		values += f.values()
 	}
 	return &subscription{
-		id:      id,
-		filters: filters,
-		values:  values,
-		prefix:  eventPrefix(id),
-		ctx:     ctx,
-		cancel:  cancel,
-		seen:    newIDFIFO[idKey](seenPerSub),
+		id:       id,
+		filters:  filters,
+		values:   values,
+		prefix:   eventPrefix(id),
+		ctx:      ctx,
+		cancel:   cancel,
+		seen:     newIDFIFO[idKey](seenPerSub),
+		sentLive: map[idKey]struct{}{},
 	}
 }
 
