@@ -45,6 +45,16 @@ func storeRows(t *testing.T, tr *testRelay, pk string, n int) ([]nostr.Event, ui
 	return out, uint32(xid)
 }
 
+// sentLive delivers ev (stored by transaction xid) as the fan-out would, and checks that c's
+// subscription sub gets it live.
+func sentLive(t *testing.T, tr *testRelay, c *client, sub string, ev *nostr.Event, xid uint32) {
+	t.Helper()
+	tr.s.Deliver(storedDelivery(ev, xid))
+	if got := c.nextEvent(sub); got.ID != ev.ID {
+		t.Fatalf("live event %s on %s, want %s", got.ID, sub, ev.ID)
+	}
+}
+
 // storedDelivery is what the fan-out hands over for a stored public event of transaction xid.
 func storedDelivery(ev *nostr.Event, xid uint32) evt.Delivery {
 	return evt.Delivery{Event: ev, Scope: evt.Scope{Kind: evt.ScopePublic}, Xid: xid}
@@ -67,10 +77,7 @@ func TestAnsweredEventsAreNotSentLive(t *testing.T) {
 	syncNone(t, c, "big")
 
 	later, laterXid := storeRows(t, tr, pk, 1)
-	tr.s.Deliver(storedDelivery(&later[0], laterXid))
-	if got := c.nextEvent("big"); got.ID != later[0].ID {
-		t.Fatalf("live event %s, want the one committed after the query %s", got.ID, later[0].ID)
-	}
+	sentLive(t, tr, c, "big", &later[0], laterXid)
 }
 
 // Events the query passed over are not sent live either: those beyond its limit (older than the
@@ -339,10 +346,7 @@ func TestLimitZeroFilterIsLiveWhateverTheSnapshotSaw(t *testing.T) {
 	if subSnapshot(tr, "s") == nil || !subSnapshot(tr, "s").sees(xid) {
 		t.Fatal("test premise: the query's snapshot saw the event")
 	}
-	tr.s.Deliver(storedDelivery(&evs[0], xid))
-	if got := c.nextEvent("s"); got.ID != evs[0].ID {
-		t.Fatalf("live event %s, want %s", got.ID, evs[0].ID)
-	}
+	sentLive(t, tr, c, "s", &evs[0], xid)
 }
 
 // A stream reset (a new slot, after a failover say) drops every subscription's snapshot: WAL
@@ -361,10 +365,7 @@ func TestStreamResetDropsSnapshots(t *testing.T) {
 		t.Fatal("the snapshot outlived a stream reset")
 	}
 	// The same transaction id, from the new timeline, is new.
-	tr.s.Deliver(storedDelivery(&evs[0], xid))
-	if got := c.nextEvent("s"); got.ID != evs[0].ID {
-		t.Fatalf("live event %s, want %s", got.ID, evs[0].ID)
-	}
+	sentLive(t, tr, c, "s", &evs[0], xid)
 }
 
 // A connection that has not authenticated is nobody's member: a replayed DM event is skipped
