@@ -1,5 +1,5 @@
--- Back to 0009's accept_event (own id locked first, targets in apply_deletion) and 0016's
--- comment on apply_deletion.
+-- Back to 0009's accept_event (own id locked first, targets in apply_deletion; raw p tags
+-- counted for a DM open) and 0016's comment on apply_deletion.
 
 CREATE OR REPLACE FUNCTION buzz.accept_event(ev jsonb, OUT ok boolean, OUT message text)
 LANGUAGE plpgsql AS $$

@@ -1,18 +1,26 @@
--- A deletion took the lock of its own id first, and the ids it names only later, in
--- apply_deletion. Deletion D1 (naming X) and deletion D2 (naming D1 and X), with X sorted before
--- D1, could deadlock: D2 held event:D2, took event:X and waited for event:D1; D1 held event:D1
--- and waited for event:X. PostgreSQL broke the cycle after deadlock_timeout (1 s) and one side
--- was retried. A deletion now takes its own id and the well-formed ids it names as one sorted
--- set, before the duplicate check, so every transaction takes event:<id> locks in one global
--- order (sorted by id), and address locks after them, sorted by key:
---   - any event:     event:<own id>, then its address if it is replaceable or addressable;
---   - a deletion:    event:<own id and named ids, sorted>, then the named addresses, sorted
---                    (apply_deletion, which takes the event locks again: harmless, as
---                    advisory locks are re-entrant).
--- Nobody waits for an event lock while holding an address lock, and each holds only event locks
--- that sort before the one it waits for. A deletion sorting after its target X, beside the
--- acceptance of X, waits for event:X holding nothing, or holds event:X while the acceptance
--- waits holding nothing.
+-- Two fixes to accept_event.
+--
+-- 1. A deletion took the lock of its own id first, and the ids it names only later, in
+--    apply_deletion. Deletion D1 (naming X) and deletion D2 (naming D1 and X), with X sorted before
+--    D1, could deadlock: D2 held event:D2, took event:X and waited for event:D1; D1 held event:D1
+--    and waited for event:X. PostgreSQL broke the cycle after deadlock_timeout (1 s) and one side
+--    was retried. A deletion now takes its own id and the well-formed ids it names as one sorted
+--    set, before the duplicate check, so every transaction takes event:<id> locks in one global
+--    order (sorted by id), and address locks after them, sorted by key:
+--      - any event:     event:<own id>, then its address if it is replaceable or addressable;
+--      - a deletion:    event:<own id and named ids, sorted>, then the named addresses, sorted
+--                       (apply_deletion, which takes the event locks again: harmless, as
+--                       advisory locks are re-entrant).
+--    Nobody waits for an event lock while holding an address lock, and each holds only event locks
+--    that sort before the one it waits for. A deletion sorting after its target X, beside the
+--    acceptance of X, waits for event:X holding nothing, or holds event:X while the acceptance
+--    waits holding nothing.
+-- 2. A DM open (41010) names "1-8 other participants" (PROTOCOL.md), and open_dm drops repeats and
+--    adds the opener. accept_event counted raw p tags, so 8 others plus the author's own key, or a
+--    key named twice, was refused though the DM it names is valid. It now counts the distinct p
+--    values other than the author; naming only the author is still refused. 41011 is unchanged:
+--    it only checks that some p tag is there, and its bound (2 to 9 participants after the union
+--    with the members) is open_dm's, on distinct keys.
 
 CREATE OR REPLACE FUNCTION buzz.accept_event(ev jsonb, OUT ok boolean, OUT message text)
 LANGUAGE plpgsql AS $$
@@ -202,7 +210,9 @@ BEGIN
     IF EXISTS (SELECT 1 FROM unnest(ps) p WHERE NOT buzz.is_hex64(p)) THEN
       PERFORM buzz.reject('BZ400', 'invalid: p tags must be 64-char lowercase hex pubkeys');
     END IF;
-    IF e_kind = 41010 AND (coalesce(array_length(ps, 1), 0) < 1 OR array_length(ps, 1) > 8) THEN
+    -- open_dm adds the opener and drops repeats: count the distinct others it will see.
+    IF e_kind = 41010
+       AND (SELECT count(DISTINCT p) FROM unnest(ps) p WHERE p <> e_pubkey) NOT BETWEEN 1 AND 8 THEN
       PERFORM buzz.reject('BZ400', 'invalid: a DM open names 1 to 8 other participants');
     END IF;
     IF e_kind = 41011 AND coalesce(array_length(ps, 1), 0) < 1 THEN
