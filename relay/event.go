@@ -146,8 +146,8 @@ func (s *Server) checkEvent(ev *nostr.Event, authed []string, now time.Time) str
 	return ""
 }
 
-// deletionTargets counts the e and a tags of a kind 5: apply_deletion holds one advisory lock per
-// target until commit, in PostgreSQL's shared lock table, so an unbounded request (2,000 tags fit a
+// deletionTargets counts the e and a tags of a kind 5: its acceptance (accept_event for the ids,
+// apply_deletion for the addresses) holds one advisory lock per target until commit, in PostgreSQL's shared lock table, so an unbounded request (2,000 tags fit a
 // frame) lets a few clients fill that table and fail every other transaction.
 func deletionTargets(ev *nostr.Event) int {
 	n := 0
