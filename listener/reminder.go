@@ -56,6 +56,10 @@ type Scheduler struct {
 	done     chan struct{}
 	closed   bool
 
+	// For tests: each wait the loop is about to sleep (after the wake-up query), and each wait
+	// before a LISTEN reconnect.
+	onWait, onListenWait func(time.Duration)
+
 	// Counters for tests.
 	confirmed atomic.Int64
 	lost      atomic.Int64
@@ -114,6 +118,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	s.log.Info("reminder scheduler started", "lease", s.cfg.Lease, "batch", s.cfg.BatchSize,
 		"min_interval", s.cfg.MinInterval, "max_sleep", s.cfg.MaxSleep)
 	errWait := s.cfg.MinInterval
+	overdue := 0 // passes in a row that claimed nothing although work was due
 	for ctx.Err() == nil {
 		n, err := s.runBatch(ctx)
 		if err != nil && ctx.Err() == nil {
@@ -130,10 +135,26 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		if n >= s.cfg.BatchSize {
 			continue // a burst: take the next batch right away
 		}
-		wait, err := s.nextWait(ctx)
+		// A due row the claim skipped (SKIP LOCKED: another transaction holds it) keeps the next
+		// wake-up in the past. Re-polling it every MinInterval would run claim and wake-up query
+		// 100 times a second for as long as that transaction lasts, on every process; double the
+		// wait instead, up to overduePollMax (how late such a row can then be once it is free).
+		floor := s.cfg.MinInterval
+		if n == 0 && overdue > 0 {
+			floor = min(s.cfg.MinInterval<<min(overdue, 16), max(overduePollMax, s.cfg.MinInterval), s.cfg.MaxSleep)
+		}
+		wait, due, err := s.nextWait(ctx, floor)
 		if err != nil && ctx.Err() == nil {
 			s.log.Warn("reminder next wake-up query failed", "err", err)
 			wait = s.cfg.MinInterval
+		}
+		if n == 0 && due && err == nil {
+			overdue++
+		} else {
+			overdue = 0
+		}
+		if s.onWait != nil {
+			s.onWait(wait)
 		}
 		s.sleep(ctx, wait, true)
 	}
@@ -159,19 +180,23 @@ func (s *Scheduler) Close(ctx context.Context) error {
 	return s.releaseAll(ctx, 0)
 }
 
+// overduePollMax caps the wait between re-checks of due work that claims keep skipping.
+const overduePollMax = time.Second
+
 // nextWait asks the database how long to sleep: until the earliest armed not_before or the
-// earliest lease expiry, capped by MaxSleep and floored by MinInterval. Durations are computed
+// earliest lease expiry, capped by MaxSleep and floored by floor (at least MinInterval). due
+// reports that such work is already due (the wait was cut to the floor). Durations are computed
 // against the database clock, which is the one claims compare with.
-func (s *Scheduler) nextWait(ctx context.Context) (time.Duration, error) {
+func (s *Scheduler) nextWait(ctx context.Context, floor time.Duration) (wait time.Duration, due bool, err error) {
 	var nb *int64
 	var lease *time.Time
 	var dbNow time.Time
-	err := s.pool.QueryRow(ctx, `SELECT next_not_before, next_lease_expiry, db_now FROM buzz.next_reminder_wakeup()`).
+	err = s.pool.QueryRow(ctx, `SELECT next_not_before, next_lease_expiry, db_now FROM buzz.next_reminder_wakeup()`).
 		Scan(&nb, &lease, &dbNow)
 	if err != nil {
-		return s.cfg.MinInterval, err
+		return s.cfg.MinInterval, false, err
 	}
-	wait := s.cfg.MaxSleep
+	wait = s.cfg.MaxSleep
 	if nb != nil {
 		wait = min(wait, time.Unix(*nb, 0).Sub(dbNow))
 	}
@@ -179,10 +204,11 @@ func (s *Scheduler) nextWait(ctx context.Context) (time.Duration, error) {
 		// A lease expiring is work too (recovery); a hair after it, as claims test lease_until < now().
 		wait = min(wait, lease.Sub(dbNow)+time.Millisecond)
 	}
-	wait = max(wait, s.cfg.MinInterval)
+	due = wait <= s.cfg.MinInterval
+	wait = max(wait, floor, s.cfg.MinInterval)
 	s.plannedWake.Store(dbNow.Add(wait).UnixNano())
 	s.log.Debug("reminder scheduler sleeping", "for", wait, "next_not_before", nb, "db_now", dbNow)
-	return wait, nil
+	return wait, due, nil
 }
 
 // sleep waits for d, ctx, or (when wakeable) a nudge.
@@ -232,7 +258,12 @@ func (s *Scheduler) runBatch(ctx context.Context) (int, error) {
 		// Shutting down between claim and confirm: Run's exit releases the claims.
 		return len(claims), nil
 	}
-	if err := s.confirmBatch(ctx, claims); err != nil {
+	// The confirm gets the claim's grace on a stop: cut off mid-statement it would still commit
+	// on the server, and our re-read (resolveUnknown) could see the row before that commit, confirm
+	// again behind its lock and count an emitted signal as lost.
+	cctx, cancel := claimContext(ctx)
+	defer cancel()
+	if err := s.confirmBatch(cctx, claims); err != nil {
 		return len(claims), errConfirm{err}
 	}
 	return len(claims), nil

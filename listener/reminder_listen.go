@@ -13,14 +13,24 @@ import (
 // scheduler sleeps until wakes it. On every (re)connect it nudges once, since notifications sent
 // while it was away are lost; MaxSleep bounds the delay of anything else missed.
 func (s *Scheduler) listenLoop(ctx context.Context) {
-	wait := 100 * time.Millisecond
+	const firstWait = 100 * time.Millisecond
+	wait := firstWait
 	for ctx.Err() == nil {
-		err := s.listenOnce(ctx)
+		listened, err := s.listenOnce(ctx)
 		s.listening.Store(false)
 		if ctx.Err() != nil {
 			return
 		}
+		if listened {
+			// A connection that got as far as LISTEN was healthy: back off from the start again,
+			// or after a few blips over a long life every reconnect would wait the full 5 s, and
+			// notifications sent meanwhile are lost.
+			wait = firstWait
+		}
 		s.log.Warn("reminder LISTEN connection lost; reconnecting", "err", err, "in", wait)
+		if s.onListenWait != nil {
+			s.onListenWait(wait)
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -30,12 +40,13 @@ func (s *Scheduler) listenLoop(ctx context.Context) {
 	}
 }
 
-func (s *Scheduler) listenOnce(ctx context.Context) error {
+// listenOnce LISTENs until the connection fails; listened reports whether it got as far as LISTEN.
+func (s *Scheduler) listenOnce(ctx context.Context) (listened bool, err error) {
 	var cfg *pgx.ConnConfig
 	if s.cfg.DatabaseURL != "" {
 		c, err := pgx.ParseConfig(s.cfg.DatabaseURL)
 		if err != nil {
-			return err
+			return false, err
 		}
 		cfg = c
 	} else {
@@ -44,18 +55,18 @@ func (s *Scheduler) listenOnce(ctx context.Context) error {
 	cfg.RuntimeParams["application_name"] = "buzzpg-reminders:" + s.cfg.InstanceID
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	if _, err := conn.Exec(ctx, `LISTEN buzz_reminders`); err != nil {
-		return err
+		return false, err
 	}
 	s.listening.Store(true)
 	s.nudge()
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
-			return err
+			return true, err
 		}
 		nb, perr := strconv.ParseInt(n.Payload, 10, 64)
 		planned := s.plannedWake.Load()
