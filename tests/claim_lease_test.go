@@ -11,21 +11,24 @@ import (
 )
 
 // A claim made from psql with a NULL lease would never be recovered (recovery waits for
-// lease_until < now()): it is refused with 23514, and the row stays claimable.
+// lease_until < now()): the claim functions refuse it with BZ400 (0022), a hand-written UPDATE
+// that makes one is refused by 0018's constraints with 23514, and the row stays claimable.
 func TestClaimsWithoutALeaseAreRefused(t *testing.T) {
 	pool := testenv.Pool(t, testenv.FreshDB(t))
 	ctx := context.Background()
-	wantCheckViolation := func(what string, err error) {
+	wantRefused := func(what, code string, err error) {
 		t.Helper()
 		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.Code != "23514" {
-			t.Fatalf("%s with a NULL lease: %v, want a check violation (23514)", what, err)
+		if !errors.As(err, &pgErr) || pgErr.Code != code {
+			t.Fatalf("%s with a NULL lease: %v, want SQLSTATE %s", what, err, code)
 		}
 	}
 
 	due := remDue(t, pool)
 	_, err := pool.Exec(ctx, `SELECT * FROM buzz.claim_due_reminders(10, NULL)`)
-	wantCheckViolation("claim_due_reminders", err)
+	wantRefused("claim_due_reminders", "BZ400", err)
+	_, err = pool.Exec(ctx, `UPDATE buzz.reminders SET state = 'claimed', stamp = 1, lease_until = NULL WHERE id = $1`, due.ID)
+	wantRefused("a hand-written reminder claim", "23514", err)
 	if r := remGet(t, pool, due.ID); r.State != "armed" {
 		t.Fatalf("reminder after the refused claim: %+v, want armed", r)
 	}
@@ -39,7 +42,9 @@ func TestClaimsWithoutALeaseAreRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = pool.Exec(ctx, `SELECT * FROM buzz.claim_visibility_work(gen_random_uuid(), 10, NULL)`)
-	wantCheckViolation("claim_visibility_work", err)
+	wantRefused("claim_visibility_work", "BZ400", err)
+	_, err = pool.Exec(ctx, `UPDATE buzz.visibility_outbox SET claim_id = gen_random_uuid(), lease_until = NULL WHERE viewer = $1`, viewer)
+	wantRefused("a hand-written outbox claim", "23514", err)
 	var claimed []string
 	if err := pool.QueryRow(ctx, `SELECT coalesce(array_agg(viewer), '{}') FROM buzz.claim_visibility_work(gen_random_uuid(), 10, '1 minute')`).Scan(&claimed); err != nil {
 		t.Fatal(err)
