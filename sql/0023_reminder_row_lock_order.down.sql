@@ -1,4 +1,4 @@
--- Back to the row locking before 0023: apply_deletion as in 0016, arm_reminder as in 0017,
+-- Back to the row locking before 0023: apply_deletion as in 0016 (its comment as in 0021), arm_reminder as in 0017,
 -- confirm_reminder_claims as in 0006, rollback_reminder_claims as in 0004.
 
 CREATE OR REPLACE FUNCTION buzz.apply_deletion(author text, del_id text, del_created_at bigint, p_tags jsonb)
@@ -40,7 +40,7 @@ BEGIN
   END LOOP;
 END $$;
 COMMENT ON FUNCTION buzz.apply_deletion(text, text, bigint, jsonb) IS
-  'NIP-09: deletes the author''s own versions of a-tag addresses up to the request''s created_at and events named by e tags (leaving tombstones); cancels affected reminders. Takes every lock first, in acceptance''s order (ids, then addresses, each sorted and taken once), then touches rows.';
+  'NIP-09: deletes the author''s own versions of a-tag addresses up to the request''s created_at and events named by e tags (leaving tombstones); cancels affected reminders. Takes every lock first, in acceptance''s order (ids, then addresses, each sorted and taken once), then touches rows. accept_event has already taken the ids, sorted together with the request''s own id; taking them again is harmless (re-entrant).';
 
 CREATE OR REPLACE FUNCTION buzz.arm_reminder(p_id text, p_pubkey text, p_d text, p_created_at bigint,
                                              p_not_before bigint, p_expires bigint) RETURNS void

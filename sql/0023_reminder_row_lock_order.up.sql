@@ -88,7 +88,7 @@ BEGIN
   END LOOP;
 END $$;
 COMMENT ON FUNCTION buzz.apply_deletion(text, text, bigint, jsonb) IS
-  'NIP-09: deletes the author''s own versions of a-tag addresses up to the request''s created_at and events named by e tags (leaving tombstones); cancels affected reminders. Takes every lock first: the advisory locks in acceptance''s order (ids, then addresses, each sorted and taken once), then the row locks in the one row order (sql/0023: the events rows it deletes, then the reminder rows it cancels, each by id); then touches rows.';
+  'NIP-09: deletes the author''s own versions of a-tag addresses up to the request''s created_at and events named by e tags (leaving tombstones); cancels affected reminders. Takes every lock first: the advisory locks in acceptance''s order (ids, then addresses, each sorted and taken once; accept_event has already taken the ids with the request''s own, sql/0021), then the row locks in the one row order (sql/0023: the events rows it deletes, then the reminder rows it cancels, each by id); then touches rows.';
 
 CREATE OR REPLACE FUNCTION buzz.arm_reminder(p_id text, p_pubkey text, p_d text, p_created_at bigint,
                                              p_not_before bigint, p_expires bigint) RETURNS void
