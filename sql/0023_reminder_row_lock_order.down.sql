@@ -1,5 +1,5 @@
 -- Back to the row locking before 0023: apply_deletion as in 0016 (its comment as in 0021), arm_reminder as in 0017,
--- confirm_reminder_claims as in 0006, rollback_reminder_claims as in 0004.
+-- confirm_reminder_claims and rollback_reminder_claims as in 0022.
 
 CREATE OR REPLACE FUNCTION buzz.apply_deletion(author text, del_id text, del_created_at bigint, p_tags jsonb)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -79,8 +79,8 @@ DECLARE
   i       integer;
 BEGIN
   IF coalesce(array_length(p_ids, 1), 0) <> coalesce(array_length(p_stamps, 1), 0) THEN
-    RAISE EXCEPTION 'confirm_reminder_claims: % ids but % stamps',
-      coalesce(array_length(p_ids, 1), 0), coalesce(array_length(p_stamps, 1), 0);
+    PERFORM buzz.reject('BZ400', format('invalid: confirm_reminder_claims: %s ids but %s stamps',
+      coalesce(array_length(p_ids, 1), 0), coalesce(array_length(p_stamps, 1), 0)));
   END IF;
   -- One set-based statement flips the rows still claimed under the given stamps (the fence) and
   -- renders the signal of each whose stored version still exists. Rows are locked in the order
@@ -120,7 +120,8 @@ COMMENT ON FUNCTION buzz.confirm_reminder_claims(text[], bigint[]) IS
   'Batch confirm_reminder_claim: for each (id, stamp) pair still claimed under that stamp, marks it confirmed and '
   'emits its due signal, all in the caller''s transaction, as transactional logical messages ''buzz'' of up to 100 '
   'signals each: {"t":"dues","scope":"a","items":[{"ev":<the 30300>,"stamp":..}, ...]}. Returns the confirmed ids. '
-  'Pairs with a stale stamp emit nothing.';
+  'Pairs with a stale stamp emit nothing. Raises BZ400 (invalid:), changing and emitting nothing, when there are '
+  'not as many stamps as ids.';
 
 CREATE OR REPLACE FUNCTION buzz.rollback_reminder_claims(p_ids text[], p_stamps bigint[])
 RETURNS SETOF text
@@ -129,8 +130,8 @@ DECLARE
   r record;
 BEGIN
   IF coalesce(array_length(p_ids, 1), 0) <> coalesce(array_length(p_stamps, 1), 0) THEN
-    RAISE EXCEPTION 'rollback_reminder_claims: % ids but % stamps',
-      coalesce(array_length(p_ids, 1), 0), coalesce(array_length(p_stamps, 1), 0);
+    PERFORM buzz.reject('BZ400', format('invalid: rollback_reminder_claims: %s ids but %s stamps',
+      coalesce(array_length(p_ids, 1), 0), coalesce(array_length(p_stamps, 1), 0)));
   END IF;
   FOR r IN
     UPDATE buzz.reminders x
@@ -145,4 +146,5 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION buzz.rollback_reminder_claims(text[], bigint[]) IS
   'Batch rollback_reminder_claim (graceful shutdown, failed batch confirm): each (id, stamp) pair still claimed '
-  'under that stamp goes back to armed; returns the ids rolled back. Stale pairs change nothing.';
+  'under that stamp goes back to armed; returns the ids rolled back. Stale pairs change nothing. Raises BZ400 '
+  '(invalid:), changing nothing, when there are not as many stamps as ids.';

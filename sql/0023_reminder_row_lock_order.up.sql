@@ -135,8 +135,8 @@ DECLARE
   i       integer;
 BEGIN
   IF coalesce(array_length(p_ids, 1), 0) <> coalesce(array_length(p_stamps, 1), 0) THEN
-    RAISE EXCEPTION 'confirm_reminder_claims: % ids but % stamps',
-      coalesce(array_length(p_ids, 1), 0), coalesce(array_length(p_stamps, 1), 0);
+    PERFORM buzz.reject('BZ400', format('invalid: confirm_reminder_claims: %s ids but %s stamps',
+      coalesce(array_length(p_ids, 1), 0), coalesce(array_length(p_stamps, 1), 0)));
   END IF;
   -- One set-based statement flips the rows still claimed under the given stamps (the fence) and
   -- renders the signal of each whose stored version still exists. The rows are locked by the
@@ -183,7 +183,8 @@ COMMENT ON FUNCTION buzz.confirm_reminder_claims(text[], bigint[]) IS
   'emits its due signal, all in the caller''s transaction, as transactional logical messages ''buzz'' of up to 100 '
   'signals each: {"t":"dues","scope":"a","items":[{"ev":<the 30300>,"stamp":..}, ...]}. Returns the confirmed ids. '
   'Pairs with a stale stamp emit nothing and are not locked. Locks the rows it confirms by id (the row order of '
-  'sql/0023), whatever the order of p_ids.';
+  'sql/0023), whatever the order of p_ids. Raises BZ400 (invalid:), changing and emitting nothing, when there are '
+  'not as many stamps as ids.';
 
 CREATE OR REPLACE FUNCTION buzz.rollback_reminder_claims(p_ids text[], p_stamps bigint[])
 RETURNS SETOF text
@@ -192,8 +193,8 @@ DECLARE
   r record;
 BEGIN
   IF coalesce(array_length(p_ids, 1), 0) <> coalesce(array_length(p_stamps, 1), 0) THEN
-    RAISE EXCEPTION 'rollback_reminder_claims: % ids but % stamps',
-      coalesce(array_length(p_ids, 1), 0), coalesce(array_length(p_stamps, 1), 0);
+    PERFORM buzz.reject('BZ400', format('invalid: rollback_reminder_claims: %s ids but %s stamps',
+      coalesce(array_length(p_ids, 1), 0), coalesce(array_length(p_stamps, 1), 0)));
   END IF;
   -- The rows are locked by the subquery u, by id (the row order of sql/0023), as in
   -- confirm_reminder_claims; u selects the rows the fence accepts.
@@ -216,4 +217,5 @@ END $$;
 COMMENT ON FUNCTION buzz.rollback_reminder_claims(text[], bigint[]) IS
   'Batch rollback_reminder_claim (graceful shutdown, failed batch confirm): each (id, stamp) pair still claimed '
   'under that stamp goes back to armed; returns the ids rolled back. Stale pairs change nothing and are not locked. '
-  'Locks the rows it rolls back by id (the row order of sql/0023), whatever the order of p_ids.';
+  'Locks the rows it rolls back by id (the row order of sql/0023), whatever the order of p_ids. Raises BZ400 '
+  '(invalid:), changing nothing, when there are not as many stamps as ids.';
