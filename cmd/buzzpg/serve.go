@@ -106,7 +106,7 @@ func serve(cfg serveConfig, log *slog.Logger) error {
 		return err
 	}
 	defer closePool("accept", accept, log)
-	if err := checkSchema(ctx, accept); err != nil {
+	if err := waitForSchema(ctx, accept, log); err != nil {
 		return err
 	}
 	query, err := db.NewPool(ctx, cfg.DatabaseURL, "buzzpg-query:"+cfg.InstanceID, int32(cfg.QueryConns))
@@ -353,6 +353,13 @@ func untilSlot(ready <-chan struct{}, next http.Handler) http.Handler {
 // checkSchema refuses to serve a database whose schema is missing, dirty or older than this
 // binary needs, with what to do about it. A newer schema is served: during a rolling deploy the
 // migrations run first and the old binaries keep serving until they are replaced.
+//
+// Dirty has two meanings. golang-migrate, under its advisory lock, records (N, dirty) and commits
+// it, runs file N in one transaction, then records (N, clean): while the lock is held, dirty is a
+// migration in progress, and the schema still the one below N (a down from N+1 records (N, dirty)
+// first: counting it as N-1 is then one too low, which can only make a process less ready). Once
+// the lock is gone, dirty is a migration that failed. A schema too old while a migration runs is
+// reported as errMigrating, which start-up waits out.
 func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	var version int64
 	var dirty bool
@@ -360,13 +367,55 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return fmt.Errorf("schema: cannot read %s (%v): apply migrations with `buzzpg migrate up` or start with BUZZ_AUTO_MIGRATE=true", db.MigrationsTable, err)
 	}
-	if dirty {
+	latest := int64(db.LatestVersion())
+	if !dirty && version >= latest {
+		return nil
+	}
+	running, err := db.MigrationRunning(ctx, pool)
+	if err != nil {
+		return fmt.Errorf("schema: at version %d (dirty: %v), and cannot tell from pg_locks whether a migration is running: %w", version, dirty, err)
+	}
+	if dirty && !running {
 		return fmt.Errorf("schema: %s", db.DirtyAdvice(int(version)))
 	}
-	if uint(version) < db.LatestVersion() {
-		return fmt.Errorf("schema: database is at version %d, this binary needs %d: run `buzzpg migrate up`", version, db.LatestVersion())
+	effective := version
+	if dirty {
+		effective = version - 1
 	}
-	return nil
+	switch {
+	case effective >= latest:
+		return nil
+	case running:
+		return fmt.Errorf("schema: database is at version %d, this binary needs %d, and %w (golang-migrate's lock is held; %s says version %d, dirty %v)", effective, latest, errMigrating, db.MigrationsTable, version, dirty)
+	}
+	return fmt.Errorf("schema: database is at version %d, this binary needs %d: run `buzzpg migrate up`", version, latest)
+}
+
+// errMigrating marks a schema that is not current yet while a migration runs.
+var errMigrating = errors.New("a migration is in progress")
+
+// waitForSchema is checkSchema at start-up. A migration in progress (a deploy's `buzzpg migrate
+// up`, a peer's auto-migrate) is waited for, up to the migrator's own lock timeout, instead of
+// ending the start with advice about a failure that did not happen.
+func waitForSchema(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
+	deadline := time.Now().Add(db.MigrateLockTimeout)
+	for logged := false; ; logged = true {
+		err := checkSchema(ctx, pool)
+		if !errors.Is(err, errMigrating) {
+			return err
+		}
+		if !logged {
+			log.Warn("waiting for a migration in progress", "err", err, "for", db.MigrateLockTimeout)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w, for over %s: start this process again once it has finished (`buzzpg migrate version` says where it stands)", err, db.MigrateLockTimeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
 
 // publishSettings records the settings SQL enforces too (buzz.config is shared by every process).

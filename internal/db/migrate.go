@@ -28,7 +28,7 @@ func NewMigrator(databaseURL string, log *slog.Logger) (*migrate.Migrate, error)
 	if err != nil {
 		return nil, err
 	}
-	u, err := migrateURL(databaseURL)
+	u, err := MigrateURL(databaseURL)
 	if err != nil {
 		return nil, err
 	}
@@ -43,9 +43,10 @@ func NewMigrator(databaseURL string, log *slog.Logger) (*migrate.Migrate, error)
 	return m, nil
 }
 
-// migrateURL turns a postgres:// URL into the pgx5:// form golang-migrate's pgx/v5 driver wants,
+// MigrateURL turns a postgres:// URL into the pgx5:// form golang-migrate's pgx/v5 driver wants,
 // with the pinned migrations table. x-multi-statement stays off: it would split inside $$ bodies.
-func migrateURL(databaseURL string) (string, error) {
+// Exported for tests that drive golang-migrate's driver (its lock, its version row) directly.
+func MigrateURL(databaseURL string) (string, error) {
 	u, err := url.Parse(databaseURL)
 	if err != nil || u.Scheme == "" {
 		// key=value DSNs are not supported by golang-migrate.
