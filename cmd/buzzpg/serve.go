@@ -126,6 +126,13 @@ func serve(cfg serveConfig, log *slog.Logger) error {
 		return err
 	}
 	defer closePool("lookup", lookup, log)
+	// /readyz's own connection: probes must not queue behind client traffic on the acceptance
+	// pool, where a saturated pool would read as "database unreachable".
+	health, err := db.NewPool(ctx, cfg.DatabaseURL, "buzzpg-health:"+cfg.InstanceID, 1)
+	if err != nil {
+		return err
+	}
+	defer closePool("health", health, log)
 	if err := publishSettings(ctx, accept, pk, cfg, log); err != nil {
 		return err
 	}
@@ -204,18 +211,12 @@ func serve(cfg serveConfig, log *slog.Logger) error {
 	serveDebug(cfg.DebugListen, log)
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
-	ready := func(ctx context.Context) (string, error) { return readiness(ctx, accept, fanout) }
+	readiness := newReady(health, fanout)
+	ready := readiness.check
 	opsReady.Store(&ready)
-	// The public /readyz says what is wrong, not why: a database error names hosts and users.
 	// Metrics stay off this listener (BUZZ_METRICS_LISTEN): counters that move when a message
 	// resurfaces a DM would tell anyone that somebody had hidden it.
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
-		if reason, _ := ready(r.Context()); reason != "" {
-			http.Error(w, reason, http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ready")
-	})
+	mux.HandleFunc("/readyz", publicReadyz(ready))
 	if srv != nil {
 		mux.Handle("/", untilSlot(fanout.SlotReady(), srv))
 	}
@@ -495,21 +496,4 @@ func checkWalLevel(ctx context.Context, url string) error {
 	}
 	defer conn.Close(context.Background())
 	return listener.CheckWalLevel(ctx, conn)
-}
-
-// readiness returns what keeps the process from being ready ("" when ready) and, where there
-// is one, the error behind it.
-func readiness(ctx context.Context, pool *pgxpool.Pool, fanout *listener.Fanout) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	if err := pool.Ping(ctx); err != nil {
-		return "database unreachable", err
-	}
-	if err := checkSchema(ctx, pool); err != nil {
-		return "schema not current", err
-	}
-	if fanout != nil && !fanout.Ready() {
-		return "replication stream not attached", nil
-	}
-	return "", nil
 }
