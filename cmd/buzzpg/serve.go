@@ -43,7 +43,7 @@ type loggedError struct{ error }
 
 func (e loggedError) Unwrap() error { return e.error }
 
-func serve(cfg serveConfig, log *slog.Logger) error {
+func serve(cfg serveConfig, log *slog.Logger) (err error) {
 	sk, pk, err := loadRelayKey(cfg.RelayKey, cfg.RelayKeyFile)
 	if err != nil {
 		return err
@@ -51,6 +51,22 @@ func serve(cfg serveConfig, log *slog.Logger) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// A signal during start-up is the operator stopping the process, not a failure: whatever step
+	// it cut short (waiting for PostgreSQL, for a migration, opening pools) ends with an error that
+	// is no news. Exit 0, as a stop after start-up does; an error that is not the cancellation
+	// itself (a migration that failed as the signal came) is still logged as a warning.
+	serving := false
+	defer func() {
+		if err == nil || serving || ctx.Err() == nil {
+			return
+		}
+		if errors.Is(err, context.Canceled) {
+			log.Info("stopped during start-up", "reason", "signal")
+		} else {
+			log.Warn("stopped during start-up", "reason", "signal", "err", err)
+		}
+		err = nil
+	}()
 	// After the first signal a second one takes the default action: the operator who sends it
 	// wants out now. Claims then sit out their leases and peers reap the slot, nothing worse.
 	// Not during migrations (they take no context): a kill there leaves the version dirty, and
@@ -251,6 +267,7 @@ func serve(cfg serveConfig, log *slog.Logger) error {
 	if fanout != nil {
 		metrics.RegisterFanout(fanout.Ready, fanout.Lag)
 	}
+	serving = true
 	log.Info("listening", "addr", addr, "relay_url", cfg.RelayURL, "relay_pubkey", pk, "relay", !cfg.NoRelay)
 
 	var runErr error

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"log/slog"
@@ -44,7 +45,8 @@ func NewPool(ctx context.Context, url, appName string, maxConns int32, opts ...P
 	defer cancel()
 	if err := pool.Ping(pingCtx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("cannot reach PostgreSQL at %s: %w (is it running? `make run` starts a private cluster; DATABASE_URL overrides)", redact(cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database), err)
+		c := cfg.ConnConfig
+		return nil, connectError(c.Host, c.Port, c.Database, c.User, err)
 	}
 	return pool, nil
 }
@@ -93,7 +95,10 @@ func SQLState(err error) string {
 }
 
 // WaitReachable waits up to wait for PostgreSQL to accept connections (a process started while
-// the server restarts should not die for it). It returns the last error, explained, after that.
+// the server restarts should not die for it). Only what can pass is waited out: no answer at all
+// (network, DNS, a server not listening yet) and the refusals of a server starting, stopping or
+// full. A refusal that waiting cannot change (authentication, no such database) fails at once,
+// saying what was refused. When ctx ends (the process is being stopped) it returns ctx's error.
 func WaitReachable(ctx context.Context, url string, wait time.Duration, log *slog.Logger) error {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
@@ -109,8 +114,14 @@ func WaitReachable(ctx context.Context, url string, wait time.Duration, log *slo
 			conn.Close(ctx)
 			return nil
 		}
-		if time.Now().Add(backoff).After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("cannot reach PostgreSQL at %s: %w (is it running? `make run` starts a private cluster; DATABASE_URL overrides)", redact(cfg.Host, cfg.Port, cfg.Database), err)
+		if ctx.Err() != nil {
+			return ctx.Err() // stopping: not the database's fault
+		}
+		if !TransientConnectError(err) {
+			return connectError(cfg.Host, cfg.Port, cfg.Database, cfg.User, err)
+		}
+		if time.Now().Add(backoff).After(deadline) {
+			return connectError(cfg.Host, cfg.Port, cfg.Database, cfg.User, err)
 		}
 		if attempt == 0 && log != nil {
 			log.Warn("waiting for PostgreSQL", "err", err, "for", wait)
@@ -124,4 +135,40 @@ func WaitReachable(ctx context.Context, url string, wait time.Duration, log *slo
 			backoff *= 2
 		}
 	}
+}
+
+// TransientConnectError reports whether a failed connection attempt may succeed if repeated:
+// PostgreSQL did not answer (no SQLSTATE: refused or reset TCP, DNS, timeout), or refused for
+// a passing reason: starting up, shutting down or in recovery (57P03), terminated by a shutdown
+// (57P01, 57P02), out of connection slots or other resources (class 53), or a connection
+// exception (class 08).
+func TransientConnectError(err error) bool {
+	code := SQLState(err)
+	switch {
+	case code == "":
+		return true
+	case code == "57P01", code == "57P02", code == "57P03":
+		return true
+	case strings.HasPrefix(code, "53"), strings.HasPrefix(code, "08"):
+		return true
+	}
+	return false
+}
+
+// connectError explains a failed connection: for a refusal waiting cannot change, what was
+// refused and what to fix; otherwise that PostgreSQL could not be reached.
+func connectError(host string, port uint16, database, user string, err error) error {
+	at := redact(host, port, database)
+	code := SQLState(err)
+	switch {
+	case code == "3D000":
+		return fmt.Errorf("PostgreSQL at %s has no database %q: %w (create it, or fix the database name in DATABASE_URL)", at, database, err)
+	case strings.HasPrefix(code, "28"):
+		return fmt.Errorf("PostgreSQL at %s refused the login of role %q: %w (check the user and password in DATABASE_URL, and pg_hba.conf)", at, user, err)
+	case code == "42501":
+		return fmt.Errorf("PostgreSQL at %s refused role %q: %w (GRANT CONNECT on the database to it)", at, user, err)
+	case code != "" && !TransientConnectError(err):
+		return fmt.Errorf("PostgreSQL at %s refused the connection: %w", at, err)
+	}
+	return fmt.Errorf("cannot reach PostgreSQL at %s: %w (is it running? `make run` starts a private cluster; DATABASE_URL overrides)", at, err)
 }
