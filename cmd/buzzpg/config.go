@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"net/netip"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -171,6 +172,11 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	if c.RelayURL == "" && !c.NoRelay && wildcardHost(c.Listen) {
 		return c, fmt.Errorf("BUZZ_RELAY_URL is not set and BUZZ_LISTEN=%s names no host: set BUZZ_RELAY_URL to the URL clients use (e.g. wss://relay.example.com), which NIP-42 AUTH checks", c.Listen)
 	}
+	if c.RelayURL != "" {
+		if err := checkRelayURL(c.RelayURL); err != nil {
+			return c, err
+		}
+	}
 	if c.DatabaseURL == "" {
 		return c, fmt.Errorf("DATABASE_URL is not set: point it at PostgreSQL (make run starts a private cluster and sets it)")
 	}
@@ -184,6 +190,23 @@ func parseServeConfig(args []string) (serveConfig, error) {
 		c.InstanceID = fmt.Sprintf("%s_%d_%d", host, os.Getpid(), time.Now().UnixNano()%1e6)
 	}
 	return c, nil
+}
+
+// checkRelayURL refuses a BUZZ_RELAY_URL no AUTH could match. NIP-42 clients sign the WebSocket
+// URL they connected to, so a value without ws:// or wss:// ("relay.example.com", "https://...")
+// or without a host would start a relay that refuses every AUTH, and every gated read with it.
+func checkRelayURL(v string) error {
+	const hint = "set it to the URL clients connect to, e.g. wss://relay.example.com (ws:// without TLS)"
+	u, err := url.Parse(strings.TrimSpace(v))
+	switch {
+	case err != nil:
+		return fmt.Errorf("BUZZ_RELAY_URL=%q is not a URL (%v): %s", v, err, hint)
+	case u.Scheme != "ws" && u.Scheme != "wss":
+		return fmt.Errorf("BUZZ_RELAY_URL=%q is not a ws:// or wss:// URL, and NIP-42 AUTH names the relay by its WebSocket URL: %s", v, hint)
+	case u.Hostname() == "":
+		return fmt.Errorf("BUZZ_RELAY_URL=%q names no host: %s", v, hint)
+	}
+	return nil
 }
 
 // minSlotStaleAfter: a process beats every StaleAfter/3 at most, so below a few seconds a busy

@@ -102,3 +102,27 @@ func TestTrustedProxiesParsed(t *testing.T) {
 		t.Fatalf("trusted proxies %v, want %s", got, want)
 	}
 }
+
+// BUZZ_RELAY_URL is what NIP-42 AUTH events must name: one no client would sign (no scheme, an
+// http(s) scheme, no host) is refused at start, naming the variable, not found out AUTH by AUTH.
+func TestRelayURLMustBeAWebSocketURL(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://localhost/x")
+	for _, bad := range []string{"relay.example.com", "relay.example.com:443", "https://relay.example.com",
+		"http://127.0.0.1:7777", "wss://", "ws://:7777", "wss:relay.example.com", "wss://relay example.com", "ws://%zz"} {
+		t.Run(bad, func(t *testing.T) {
+			t.Setenv("BUZZ_RELAY_URL", bad)
+			if _, err := parseServeConfig(nil); err == nil || !strings.Contains(err.Error(), "BUZZ_RELAY_URL") {
+				t.Fatalf("BUZZ_RELAY_URL=%q: err %v, want one naming the variable", bad, err)
+			}
+			if _, err := parseServeConfig([]string{"--relay-url", bad}); err == nil {
+				t.Fatalf("--relay-url %q accepted", bad)
+			}
+		})
+	}
+	for _, good := range []string{"wss://relay.example.com", "ws://127.0.0.1:7777", "WSS://Relay.Example.com/nostr/", "wss://[2001:db8::1]:8443"} {
+		t.Setenv("BUZZ_RELAY_URL", good)
+		if c, err := parseServeConfig(nil); err != nil || c.RelayURL != good {
+			t.Errorf("BUZZ_RELAY_URL=%q: %v (kept %q)", good, err, c.RelayURL)
+		}
+	}
+}
