@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -21,8 +22,9 @@ const readyCheckTimeout = 2 * time.Second
 
 // ready is what /readyz answers, on the public listener and on the operator's one.
 type ready struct {
-	db     *cachedCheck     // ping + schema, shared by every probe
-	fanout *listener.Fanout // nil without the relay
+	db      *cachedCheck     // ping + schema, shared by every probe
+	fanout  *listener.Fanout // nil without the relay
+	closing atomic.Bool      // set as shutdown begins
 }
 
 // newReady checks the database on pool, which should be the process's own small health pool:
@@ -35,9 +37,13 @@ func newReady(pool *pgxpool.Pool, fanout *listener.Fanout) *ready {
 }
 
 // check returns what keeps the process from being ready ("" when ready) and, where there is
-// one, the error behind it. The replication stream is answered from memory, at once: a process
-// that just attached need not wait out a cached result.
+// one, the error behind it. Shutting down and the replication stream are answered from memory,
+// at once: a draining process must leave its balancer's rotation without waiting out a cached
+// "ready", and a process that just attached need not wait out a cached result.
 func (r *ready) check(ctx context.Context) (string, error) {
+	if r.closing.Load() {
+		return "shutting down", nil
+	}
 	if reason, err := r.db.get(ctx); reason != "" {
 		return reason, err
 	}

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -96,5 +98,29 @@ func TestCachedCheckRunsOncePerPeriod(t *testing.T) {
 	c.get(context.Background())
 	if n := calls.Load(); n != 2 {
 		t.Fatalf("%d checks after the period ran out, want 2", n)
+	}
+}
+
+// From the moment shutdown begins /readyz answers 503 "shutting down", even while a cached
+// database check still says ready.
+func TestReadyzSaysShuttingDown(t *testing.T) {
+	r := &ready{db: newCachedCheck(time.Minute, func(context.Context) (string, error) { return "", nil })}
+	srv := httptest.NewServer(publicReadyz(r.check))
+	defer srv.Close()
+	probe := func() (int, string) {
+		resp, err := http.Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, strings.TrimSpace(string(b))
+	}
+	if code, body := probe(); code != http.StatusOK {
+		t.Fatalf("before shutdown: %d %q", code, body)
+	}
+	r.closing.Store(true)
+	if code, body := probe(); code != http.StatusServiceUnavailable || body != "shutting down" {
+		t.Fatalf("during shutdown: %d %q, want 503 \"shutting down\"", code, body)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/buzzpg/buzzpg/internal/db"
+	"github.com/buzzpg/buzzpg/internal/hooks"
 	"github.com/buzzpg/buzzpg/internal/metrics"
 	"github.com/buzzpg/buzzpg/internal/store"
 	"github.com/buzzpg/buzzpg/listener"
@@ -276,6 +277,10 @@ func serve(cfg serveConfig, log *slog.Logger) (err error) {
 	case runErr = <-failed:
 	}
 	stop() // a component failure starts the shutdown too: a signal from now on ends it at once
+	// Unready from the first moment of the drain: the operator's /readyz (and a public probe on
+	// a kept-alive connection) must not report "ready" while clients are being closed.
+	readiness.closing.Store(true)
+	hooks.At(context.Background(), hookShutdownBegun)
 	if runErr != nil {
 		log.Error("component failed; shutting down", "err", runErr)
 	} else {
@@ -314,6 +319,9 @@ func serve(cfg serveConfig, log *slog.Logger) (err error) {
 	log.Info("stopped")
 	return runErr
 }
+
+// hookShutdownBegun is where a test holds a process that has begun its shutdown.
+const hookShutdownBegun = "serve.shutdown_begun"
 
 // releaseGrace bounds each release step of a graceful shutdown (publisher claims, reminder
 // claims, the slot drop); componentStopGrace bounds the wait for the components to return.
