@@ -196,7 +196,7 @@ func (c *conn) handle(data []byte) {
 // no other write changes the socket's write deadline under a batch in progress.
 func (c *conn) writeLoop() {
 	defer close(c.writerDone)
-	ping := time.NewTicker(pingPeriod)
+	ping := time.NewTicker(c.s.pingEvery)
 	defer ping.Stop()
 	for {
 		select {
@@ -215,12 +215,28 @@ func (c *conn) writeLoop() {
 					c.kill("write: " + err.Error())
 					return
 				}
-				// A client's ping is answered between batches, not after the queue runs dry
-				// (a steady stream to a slow reader may never let it).
+				// The whole batch left: the client is taking what it is sent, so it is alive.
+				// The read deadline is there to find dead clients (pongWait), and a long answer
+				// to a slow reader (which only answers pings, as browsers do) can take longer
+				// than that while its pong waits behind the data queued in the kernel. A
+				// client that stops reading is still found: the next write blocks, and
+				// writeWait ends it.
+				_ = c.ws.SetReadDeadline(timeNow().Add(c.s.readWait))
+				// A client's ping is answered, and the relay's own keepalive ping sent when
+				// due, between batches, not after the queue runs dry (a steady stream to a
+				// slow reader, or an answer the query keeps refilling, may never let it).
 				select {
 				case data := <-c.pong:
 					if err := c.ws.WriteControl(websocket.PongMessage, []byte(data), timeNow().Add(writeWait)); err != nil {
 						c.kill("pong: " + err.Error())
+						return
+					}
+				default:
+				}
+				select {
+				case <-ping.C:
+					if err := c.ws.WriteControl(websocket.PingMessage, nil, timeNow().Add(writeWait)); err != nil {
+						c.kill("ping: " + err.Error())
 						return
 					}
 				default:
