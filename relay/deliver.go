@@ -79,7 +79,7 @@ func (s *Server) dropSnapshots() {
 		c.mu.Lock()
 		for _, sub := range c.subs {
 			sub.mu.Lock()
-			sub.snap = nil
+			sub.dropSnapshot()
 			sub.mu.Unlock()
 		}
 		c.mu.Unlock()
@@ -150,7 +150,10 @@ func (c *conn) deliver(d evt.Delivery, js []byte, ix tagIndex) {
 			continue
 		}
 		sub.mu.Lock()
-		if sub.closed || (sub.answered(d) && !liveOnly) || (!d.Due && !sub.seen.add(id)) {
+		// An event the query's snapshot saw was answered or passed over by the filters with a
+		// query; one that also matches a filter with limit 0 is new to that filter, unless a
+		// row already sent it (at most once per subscription).
+		if sub.closed || (sub.answered(d) && (!liveOnly || sub.sentAsRow(id, d, ix))) || (!d.Due && !sub.seen.add(id)) {
 			sub.mu.Unlock()
 			continue
 		}

@@ -83,6 +83,7 @@ const (
 	slowCloseGrace     = 2 * time.Second // after a send-queue overflow, how long the NOTICE + close frame may take
 	seenPerSub         = 4096            // live de-dup ids remembered per subscription (FIFO)
 	sentLiveMax        = 65536           // ids delivered live while a REQ's query runs, kept until its rows are sent
+	sentRowsMax        = 4096            // initial row ids kept for a REQ's limit-0 filters while its snapshot is held
 	duePerConn         = 1024            // (id, stamp) due signals remembered per connection
 	memberCacheSize    = 65536           // channels whose member set is cached
 	memberLookupWait   = 3 * time.Second

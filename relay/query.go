@@ -199,17 +199,20 @@ func (c *conn) runInitial(sub *subscription, before []evt.Delivery) {
 	hooks.At(sub.ctx, "relay.req.queried")
 	before = unseenBy(snap, before) // keep only what may be sent: a slow reader holds no more
 	// From here on, live events the query's snapshot saw are not sent (unless they also match a
-	// filter with limit 0, which had no query): the query answered them, or passed them over
-	// (limit, budget, replaced, deleted). Those that came live while it ran are in seen, and
-	// their rows are skipped below.
+	// filter with limit 0, which had no query, and no row sent them: sentAsRow): the query
+	// answered them, or passed them over (limit, budget, replaced, deleted). Those that came live
+	// while it ran are in seen, and their rows are skipped below.
 	sub.mu.Lock()
 	sub.snap = snap
 	sub.mu.Unlock()
 	for i, r := range rows {
 		key := keyOf(r.id)
 		sent := sub.sendLocked(c, eventMessage(sub.prefix, r.json), func() bool {
-			_, live := sub.sentLive[key]
-			return !live && !sub.seen.has(key)
+			if _, live := sub.sentLive[key]; live || sub.seen.has(key) {
+				return false
+			}
+			sub.recordRow(key) // for a filter with limit 0 (sentAsRow)
+			return true
 		})
 		if !sent {
 			return

@@ -21,7 +21,7 @@ type subscription struct {
 	ctx    context.Context // ends when the subscription is closed or replaced
 	cancel context.CancelFunc
 
-	mu     sync.Mutex // guards closed, seen and snap; also held while enqueueing one of its events
+	mu     sync.Mutex // guards closed, seen, snap and rows; also held while enqueueing one of its events
 	closed bool
 	seen   *idFIFO[idKey]
 	// sentLive holds, until the initial rows are sent, the ids delivered live meanwhile: seen may
@@ -29,6 +29,14 @@ type subscription struct {
 	// sentLiveMax (past it, seen alone decides).
 	sentLive map[idKey]struct{}
 	snap     *pgSnapshot // the initial query's; nil until it has run (or when it had nothing to read)
+	// rows holds the ids of the initial rows sent, while snap is held, in a subscription that
+	// mixes filters with limit 0 and filters with a query (keepRows): a live event its snapshot saw
+	// is new to the limit-0 filters, unless a row already sent it (sentAsRow). Bounded by
+	// sentRowsMax; past it (rowsCut) every such event counts as sent: never twice, at worst
+	// one a limit-0 filter would have had is missed.
+	keepRows bool
+	rows     map[idKey]struct{}
+	rowsCut  bool
 }
 
 // answered reports whether the initial query's snapshot saw d's transaction: the query answered
@@ -41,10 +49,45 @@ func (s *subscription) answered(d evt.Delivery) bool {
 		return false
 	}
 	if d.CommitLSN > s.snap.walPos {
-		s.snap = nil
+		s.dropSnapshot()
 		return false
 	}
 	return d.Xid != 0 && !d.Due && !isEphemeral(d.Event.Kind) && s.snap.sees(d.Xid)
+}
+
+// dropSnapshot forgets the query's snapshot and what only it needed. Caller holds s.mu.
+func (s *subscription) dropSnapshot() {
+	s.snap = nil
+	s.rows, s.rowsCut = nil, false
+}
+
+// recordRow notes that the initial row id is being sent (keepRows only). Caller holds s.mu.
+func (s *subscription) recordRow(id idKey) {
+	if !s.keepRows || s.snap == nil {
+		return
+	}
+	if len(s.rows) >= sentRowsMax {
+		s.rowsCut = true
+		return
+	}
+	if s.rows == nil {
+		s.rows = map[idKey]struct{}{}
+	}
+	s.rows[id] = struct{}{}
+}
+
+// sentAsRow reports, for a live event id its snapshot saw (answered) that matches a filter with
+// limit 0, whether the subscription already sent it: as an initial row of a filter with a query.
+// Caller holds s.mu.
+func (s *subscription) sentAsRow(id idKey, d evt.Delivery, ix tagIndex) bool {
+	if !s.matchesQueried(d, ix) {
+		return false // only limit-0 filters match it: no query could have sent it
+	}
+	if s.rowsCut {
+		return true
+	}
+	_, ok := s.rows[id]
+	return ok
 }
 
 // isEphemeral: NIP-01 kinds 20000-29999, fanned out and never stored.
@@ -54,8 +97,16 @@ func newSubscription(parent context.Context, id string, filters []*compiledFilte
 	ctx, cancel := context.WithCancel(parent)
 	metrics.Subscriptions.Inc()
 	values := 0
+	queried, limitZero := false, false
 	for _, f := range filters {
 		values += f.values()
+		switch {
+		case f.none:
+		case f.limit > 0:
+			queried = true
+		default:
+			limitZero = true
+		}
 	}
 	return &subscription{
 		id:       id,
@@ -66,6 +117,7 @@ func newSubscription(parent context.Context, id string, filters []*compiledFilte
 		cancel:   cancel,
 		seen:     newIDFIFO[idKey](seenPerSub),
 		sentLive: map[idKey]struct{}{},
+		keepRows: queried && limitZero,
 	}
 }
 
