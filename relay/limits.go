@@ -138,7 +138,8 @@ func (c *Config) applyDefaults() error {
 		c.Logger = slog.Default()
 	}
 	if c.SendQueueBytes < c.MaxMessageLength {
-		// A queue smaller than one full event could never hold a reply to a maximal EVENT.
+		// A queue smaller than one full event would refuse a reply to a maximal EVENT whenever
+		// anything else is queued (an empty queue takes one message of any size: push).
 		return errors.New("relay: SendQueueBytes must be at least MaxMessageLength")
 	}
 	return nil

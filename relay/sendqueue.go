@@ -30,10 +30,15 @@ func (q *sendQueue) signal() {
 	}
 }
 
-// push enqueues msg unless that would exceed the bound; false means overflow (or closed).
+// push enqueues msg unless that would exceed the bound; false means overflow (or closed). An
+// empty queue always takes one message, as in pushHalf: the bound is on what a reader leaves
+// behind, and one that has taken everything is not behind. An outgoing message can be larger than
+// the bound even when the bound is at least the incoming frame limit (Config validation): the
+// relay writes U+2028 and U+2029 as 6-byte escapes that a client may send as 3 raw bytes, and
+// jsonb's tag text adds spaces; refusing it would close every subscriber of one published event.
 func (q *sendQueue) push(msg []byte) bool {
 	q.mu.Lock()
-	if q.closed || q.size+len(msg) > q.limit {
+	if q.closed || (q.size > 0 && q.size+len(msg) > q.limit) {
 		q.mu.Unlock()
 		return false
 	}
