@@ -166,13 +166,11 @@ func (c *conn) handle(data []byte) {
 		case perr.eventID != "":
 			c.sendOK(perr.eventID, false, "invalid: "+perr.msg)
 		case perr.subID != "" && (perr.verb == verbREQ || perr.verb == verbCOUNT):
-			if perr.verb == verbREQ {
-				// A REQ replaces the subscription of its id whatever happens next (handleReq), a
-				// malformed one too: the CLOSED must not name a subscription that still delivers.
-				// Exact match only; an over-long id names no registered subscription.
-				c.handleClose(perr.subID)
-			}
-			c.sendClosed(perr.subID, "invalid: "+perr.msg)
+			// A REQ replaces the subscription of its id whatever happens next (handleReq), a
+			// malformed one too; a COUNT's CLOSED reads as the end of a REQ of the same id
+			// (closeID). Either way the CLOSED must not name a subscription that still
+			// delivers. Exact match only; an over-long id names no registered subscription.
+			c.closeID(perr.subID, "invalid: "+perr.msg)
 		default:
 			c.notice("invalid: " + perr.msg)
 		}
@@ -356,3 +354,17 @@ func (c *conn) sendOK(id string, ok bool, msg string) {
 }
 
 func (c *conn) sendClosed(subID, msg string) { c.send(marshalArray("CLOSED", subID, msg)) }
+
+// closeID answers CLOSED for subID and ends the REQ of that id, if one is live. NIP-45 answers a
+// refused or failed COUNT with CLOSED, and a client cannot tell that CLOSED from one ending a REQ
+// of the same id (NIP-01: the relay ended the subscription); it drops the REQ, so the relay must
+// not go on delivering to it. Under c.mu, so that no REQ of that id registers between the two.
+func (c *conn) closeID(subID, reason string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if sub := c.subs[subID]; sub != nil {
+		delete(c.subs, subID)
+		sub.close()
+	}
+	c.sendClosed(subID, reason) // never waits (send), as Deliver enqueues under c.mu too
+}

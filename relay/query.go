@@ -147,16 +147,19 @@ func (c *conn) queryConn(ctx context.Context) (pc *pgxpool.Conn, release func(),
 }
 
 // recoverQuery answers a query goroutine's panic with CLOSED. sub is the REQ's subscription (nil
-// for COUNT): a CLOSED subscription must not go on delivering live events.
+// for COUNT): a CLOSED subscription must not go on delivering live events, and a COUNT's CLOSED
+// ends a REQ of its id (closeID).
 func (c *conn) recoverQuery(subID string, sub *subscription) {
 	if p := recover(); p != nil {
 		c.log.Error("panic in query", "sub", subID, "panic", p, "stack", string(debug.Stack()))
-		if sub != nil {
-			if sub.ctx.Err() != nil {
-				return // closed or replaced: a CLOSED now would name its successor
-			}
-			c.removeSub(sub)
+		if sub == nil {
+			c.closeID(subID, "error: internal error")
+			return
 		}
+		if sub.ctx.Err() != nil {
+			return // closed or replaced: a CLOSED now would name its successor
+		}
+		c.removeSub(sub)
 		c.sendClosed(subID, "error: internal error")
 	}
 }
@@ -524,25 +527,27 @@ func storedEventJSON(ev *nostr.Event, tagsJSON string) []byte {
 }
 
 // admitFilters is what REQ and COUNT both pass before any query: the rate limit, the filter
-// compiler and the read gates. On refusal it has already answered CLOSED.
+// compiler and the read gates. On refusal it has already answered CLOSED, and ended a REQ of the
+// same id (closeID: a REQ has already replaced it, a COUNT's CLOSED reads as its end).
 func (c *conn) admitFilters(verb, subID string, filters []nostr.Filter) ([]*compiledFilter, bool) {
 	if !c.allowReq(verb) {
-		c.sendClosed(subID, "rate-limited: too many requests, slow down")
+		c.closeID(subID, "rate-limited: too many requests, slow down")
 		return nil, false
 	}
 	cfs, err := c.compileFilters(filters)
 	if err != nil {
-		c.sendClosed(subID, "invalid: "+err.Error())
+		c.closeID(subID, "invalid: "+err.Error())
 		return nil, false
 	}
 	if reason := c.checkGates(cfs); reason != "" {
-		c.sendClosed(subID, reason)
+		c.closeID(subID, reason)
 		return nil, false
 	}
 	return cfs, true
 }
 
-// handleCount answers NIP-45 COUNT with the same gates as REQ.
+// handleCount answers NIP-45 COUNT with the same gates as REQ. A refusal or a failure is a
+// CLOSED (NIP-45) that also ends a REQ of the same id (closeID).
 func (c *conn) handleCount(subID string, filters []nostr.Filter) {
 	cfs, ok := c.admitFilters("COUNT", subID, filters)
 	if !ok {
@@ -562,7 +567,7 @@ func (c *conn) handleCount(subID string, filters []nostr.Filter) {
 			if !isTimeout(err) {
 				c.log.Error("COUNT query failed", "sub", subID, "err", err)
 			}
-			c.sendClosed(subID, queryErrorReason(err))
+			c.closeID(subID, queryErrorReason(err))
 			return
 		}
 		c.send(marshalCount(subID, n))
