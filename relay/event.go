@@ -15,7 +15,10 @@ import (
 	"github.com/buzzpg/buzzpg/internal/store"
 )
 
-const kindSnapshot = 30622 // NIP-DV visibility snapshot: relay-signed only
+const (
+	kindSnapshot = 30622 // NIP-DV visibility snapshot: relay-signed only
+	kindGiftWrap = 1059  // NIP-59: served to its one recipient only (Read gates)
+)
 
 // handleEvent answers one EVENT with exactly one OK: Go checks first (shape, id, signature,
 // limits), then the one SQL call whose verdict goes back verbatim. Live delivery is not done
@@ -131,6 +134,10 @@ func (s *Server) checkEvent(ev *nostr.Event, authed []string, now time.Time) str
 		return "invalid: kind 22242 is for AUTH, not EVENT"
 	case kindSnapshot:
 		return "restricted: relay-only kind"
+	case kindGiftWrap:
+		if recipients(ev) > 1 {
+			return "invalid: a gift wrap names one recipient (p tag); send one wrap per recipient"
+		}
 	}
 	if int64(ev.CreatedAt) > now.Unix()+s.cfg.MaxFutureSeconds {
 		return "invalid: created_at too far in future"
@@ -154,6 +161,28 @@ func deletionTargets(ev *nostr.Event) int {
 	for _, t := range ev.Tags {
 		if len(t) >= 2 && (t[0] == "e" || t[0] == "a") {
 			n++
+		}
+	}
+	return n
+}
+
+// recipients counts the distinct values of ev's p tags. A gift wrap is read by the pubkey in its
+// p tag (PROTOCOL.md): accept_event gates it on the first, and the closing rule (gateClosure)
+// judges a filter by its #p values. With a second recipient the two would disagree: a filter on
+// the second's key, sent by the first, matches a wrap its sender may read, yet is closed. NIP-59
+// wraps once per recipient, so a wrap naming more than one is refused. (accept_event itself, for
+// psql callers, checks only that there is a first p.)
+func recipients(ev *nostr.Event) int {
+	first, n := "", 0
+	for _, t := range ev.Tags {
+		if len(t) < 2 || t[0] != "p" {
+			continue
+		}
+		switch {
+		case n == 0:
+			first, n = t[1], 1
+		case t[1] != first:
+			return 2
 		}
 	}
 	return n

@@ -26,6 +26,9 @@ func gateClosure(cf *compiledFilter, authed []string, sets map[string][]string) 
 			case slices.Contains(authorOnlyKinds, k):
 				readable = readable || intersects(cf.authors, authed)
 			case slices.Contains(pGatedKinds, k):
+				// Read by the one pubkey in the p tag: a relay-signed snapshot names one viewer,
+				// and a gift wrap naming a second recipient is refused (checkEvent), so a row
+				// matching the filter's #p is readable only if one of those values is authed.
 				readable = readable || intersects(cf.tag("p"), authed)
 			default:
 				readable = true
