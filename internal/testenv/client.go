@@ -73,8 +73,14 @@ func Dial(t testing.TB, url string, opts ...ClientOption) *Client {
 	for _, o := range opts {
 		o(c)
 	}
-	go c.read()
-	t.Cleanup(func() { conn.Close() })
+	done := make(chan struct{})
+	go func() { defer close(done); c.read() }()
+	// The reader may report to t (Strict): it is stopped, and waited for, before the test ends,
+	// so no frame is handled (and no t.Errorf called) after the test has completed.
+	t.Cleanup(func() {
+		conn.Close()
+		<-done
+	})
 	return c
 }
 

@@ -120,8 +120,12 @@ func template(ctx context.Context, t testing.TB) string {
 		t.Fatalf("testenv: lock: %v", err)
 	}
 	defer c.Exec(ctx, `SELECT pg_advisory_unlock(727272)`)
+	// A failed look-up must not be read as "no template": the DROP below would then force-drop a
+	// template that other test binaries may be cloning right now.
 	var exists bool
-	_ = c.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname=$1 AND datistemplate)`, name).Scan(&exists)
+	if err := c.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname=$1 AND datistemplate)`, name).Scan(&exists); err != nil {
+		t.Fatalf("testenv: look up template %s: %v", name, err)
+	}
 	if exists {
 		return name
 	}
