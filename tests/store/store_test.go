@@ -46,23 +46,24 @@ func (e *env) mustAccept(ev *nostr.Event) {
 	}
 }
 
+// stored reports whether id is in buzz.events; a failed query fails the test (it must never read
+// as "not stored", which is what the negative checks want).
 func (e *env) stored(id string) bool {
-	var n int
-	_ = e.pool.QueryRow(context.Background(), `SELECT count(*) FROM buzz.events WHERE id=$1`, id).Scan(&n)
-	return n == 1
+	e.t.Helper()
+	return mustInt(e.t, e.pool, `SELECT count(*) FROM buzz.events WHERE id=$1`, id) == 1
 }
 
-// heads returns the ids stored for an address.
+// heads returns the ids stored for an address; a failed query fails the test.
 func (e *env) heads(kind int, pubkey, d string) []string {
-	rows, _ := e.pool.Query(context.Background(),
+	e.t.Helper()
+	return testenv.MustColumn[string](e.t, e.pool,
 		`SELECT id FROM buzz.events WHERE kind=$1 AND pubkey=$2 AND coalesce(d_tag,'')=$3`, kind, pubkey, d)
-	var ids []string
-	for rows.Next() {
-		var id string
-		_ = rows.Scan(&id)
-		ids = append(ids, id)
-	}
-	return ids
+}
+
+// mustInt runs a query returning one integer; any error fails the test.
+func mustInt(t *testing.T, q testenv.Querier, sql string, args ...any) int {
+	t.Helper()
+	return testenv.MustInt(t, q, sql, args...)
 }
 
 // race accepts first in an open transaction on one connection, then second on another, waits
@@ -208,8 +209,8 @@ func TestDeletionByID(t *testing.T) {
 	u, other := testenv.NewUser(), testenv.NewUser()
 	mine := u.Event(t, 1, nil, "delete me")
 	theirs := other.Event(t, 1, nil, "not yours")
-	e.accept(mine)
-	e.accept(theirs)
+	e.mustAccept(mine)
+	e.mustAccept(theirs)
 	del := u.Event(t, 5, nostr.Tags{{"e", mine.ID}, {"e", theirs.ID}}, "")
 	e.mustAccept(del)
 	if e.stored(mine.ID) {
@@ -225,7 +226,7 @@ func TestDeletionByID(t *testing.T) {
 	}
 	// Deleting an id not seen yet still keeps it out later.
 	future := u.Event(t, 1, nil, "later")
-	e.accept(u.Event(t, 5, nostr.Tags{{"e", future.ID}}, ""))
+	e.mustAccept(u.Event(t, 5, nostr.Tags{{"e", future.ID}}, ""))
 	ok, msg = e.accept(future)
 	expect(t, ok, msg, false, "blocked: deleted")
 }
@@ -235,7 +236,10 @@ func TestDeletionByAddressStopsAtCreatedAt(t *testing.T) {
 	u := testenv.NewUser()
 	now := nostr.Now()
 	old := u.EventAt(t, 30023, nostr.Tags{{"d", "post"}}, "old", now-100)
-	e.accept(old)
+	e.mustAccept(old)
+	if !e.stored(old.ID) {
+		t.Fatal("the version to delete was not stored")
+	}
 	del := u.EventAt(t, 5, nostr.Tags{{"a", "30023:" + u.PK + ":post"}}, "", now-50)
 	e.mustAccept(del)
 	if e.stored(old.ID) {
@@ -250,7 +254,7 @@ func TestDeletionByAddressStopsAtCreatedAt(t *testing.T) {
 	}
 	// Someone else's a-deletion does nothing.
 	other := testenv.NewUser()
-	e.accept(other.Event(t, 5, nostr.Tags{{"a", "30023:" + u.PK + ":post"}}, ""))
+	e.mustAccept(other.Event(t, 5, nostr.Tags{{"a", "30023:" + u.PK + ":post"}}, ""))
 	if !e.stored(newer.ID) {
 		t.Fatal("another author deleted the address")
 	}
@@ -266,8 +270,7 @@ func TestExpiration(t *testing.T) {
 	expect(t, ok, msg, false, "invalid:")
 	live := u.Event(t, 1, nostr.Tags{{"expiration", strconv.FormatInt(int64(now+3600), 10)}}, "live")
 	e.mustAccept(live)
-	var exp int64
-	_ = e.pool.QueryRow(context.Background(), `SELECT expires_at FROM buzz.events WHERE id=$1`, live.ID).Scan(&exp)
+	exp := testenv.MustScalar[int64](t, e.pool, `SELECT expires_at FROM buzz.events WHERE id=$1`, live.ID)
 	if exp != int64(now+3600) {
 		t.Fatalf("expires_at %d", exp)
 	}
@@ -318,8 +321,9 @@ func TestReadScopes(t *testing.T) {
 	e := newEnv(t)
 	u, v := testenv.NewUser(), testenv.NewUser()
 	scope := func(id string) string {
+		t.Helper()
 		var s, p string
-		_ = e.pool.QueryRow(context.Background(), `SELECT scope::text, coalesce(scope_p,'') FROM buzz.events WHERE id=$1`, id).Scan(&s, &p)
+		testenv.MustScan(t, e.pool.QueryRow(context.Background(), `SELECT scope::text, coalesce(scope_p,'') FROM buzz.events WHERE id=$1`, id), &s, &p)
 		return s + p
 	}
 	pub := u.Event(t, 1, nil, "public")
@@ -333,7 +337,7 @@ func TestReadScopes(t *testing.T) {
 	}
 	// A deletion of a gated event is served only to its author.
 	del := u.Event(t, 5, nostr.Tags{{"e", wrap.ID}}, "")
-	e.accept(del)
+	e.mustAccept(del)
 	if scope(del.ID) != "a" {
 		t.Fatalf("deletion of a gated event has scope %q", scope(del.ID))
 	}
@@ -341,8 +345,8 @@ func TestReadScopes(t *testing.T) {
 	// gift wrap, or one naming an id or address unknown here, could be about a gated event.
 	post := u.Event(t, 30023, nostr.Tags{{"d", "post"}}, "article")
 	pub2 := u.Event(t, 1, nil, "public too")
-	e.accept(post)
-	e.accept(pub2)
+	e.mustAccept(post)
+	e.mustAccept(pub2)
 	for _, c := range []struct {
 		name  string
 		tags  nostr.Tags
@@ -417,7 +421,7 @@ func TestDeletionTombstonePerAuthor(t *testing.T) {
 	alice, mallory := testenv.NewUser(), testenv.NewUser()
 	note := alice.Event(t, 1, nil, "mine")
 	unseen := alice.Event(t, 1, nil, "not published yet")
-	e.accept(note)
+	e.mustAccept(note)
 	e.mustAccept(mallory.Event(t, 5, nostr.Tags{{"e", note.ID}, {"e", unseen.ID}}, ""))
 	if !e.stored(note.ID) {
 		t.Fatal("someone else's deletion deleted the note")
@@ -453,8 +457,7 @@ func TestEventNamesAtMostOneChannel(t *testing.T) {
 		return ch
 	}
 	dm1, dm2 := openDM(a.PK, v.PK), openDM(v.PK, f.PK)
-	var before int
-	_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM buzz.events`).Scan(&before)
+	before := mustInt(t, e.pool, `SELECT count(*) FROM buzz.events`)
 	for _, tags := range []nostr.Tags{
 		{{"h", dm1}, {"h", dm2}},
 		{{"h", dm1}, {"h", "not-a-channel"}},
@@ -464,9 +467,7 @@ func TestEventNamesAtMostOneChannel(t *testing.T) {
 		ok, msg := e.accept(ev)
 		expect(t, ok, msg, false, "invalid: an event names at most one channel")
 	}
-	var after int
-	_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM buzz.events`).Scan(&after)
-	if after != before {
+	if after := mustInt(t, e.pool, `SELECT count(*) FROM buzz.events`); after != before {
 		t.Fatalf("rejected events changed the store: %d rows, want %d", after, before)
 	}
 	// The same channel twice is still one channel.
@@ -513,9 +514,7 @@ func TestShapeChecksForSQLCallers(t *testing.T) {
 			t.Errorf("%s: err %v, want invalid:", name, err)
 		}
 	}
-	var n int
-	_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM buzz.events WHERE pubkey = $1`, base.PubKey).Scan(&n)
-	if n != 0 {
+	if n := mustInt(t, e.pool, `SELECT count(*) FROM buzz.events WHERE pubkey = $1`, base.PubKey); n != 0 {
 		t.Fatalf("%d rows stored by rejected calls", n)
 	}
 	e.mustAccept(base)
