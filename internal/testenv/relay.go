@@ -86,43 +86,83 @@ type Relay struct {
 // StartRelay starts `buzzpg serve` on a free loopback port and waits until /readyz answers 200.
 func StartRelay(t testing.TB, o RelayOpts) *Relay {
 	t.Helper()
-	if o.DatabaseURL == "" {
-		o.DatabaseURL = DB(t)
-	}
-	if o.RelayKey == "" {
-		o.RelayKey, _ = NewKey()
-	}
-	if o.InstanceID == "" {
-		o.InstanceID = fmt.Sprintf("t%d", time.Now().UnixNano()%1e12)
-	}
-	var env []string
-	if o.HookDir != "" {
-		env = append(env, "BUZZ_HOOK_DIR="+o.HookDir, "BUZZ_HOOKS="+strings.Join(o.Hooks, ","))
-	}
-	for k, v := range o.Env {
-		env = append(env, k+"="+v)
-	}
-	logPath := filepath.Join(t.TempDir(), "buzzpg-"+o.InstanceID+".log")
-	p, err := bench.StartServe(bench.ProcOpts{
-		Bin: Binary(t), DatabaseURL: o.DatabaseURL, RelayKey: o.RelayKey, InstanceID: o.InstanceID,
-		Env: env, LogPath: logPath, LogLevel: "debug",
-	}, 60*time.Second)
-	if err != nil {
-		b, _ := os.ReadFile(logPath)
-		t.Fatalf("%v\n%s", err, b)
-	}
-	r := &Relay{Proc: p, InstanceID: o.InstanceID, LogPath: logPath}
-	t.Cleanup(func() {
-		r.Stop()
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			if len(b) > 20000 {
-				b = b[len(b)-20000:]
-			}
-			t.Logf("buzzpg %s log (tail):\n%s", o.InstanceID, b)
+	return StartRelays(t, o)[0]
+}
+
+// StartRelays starts one `buzzpg serve` per opts at the same time and waits until each answers
+// /readyz. Everything that can fail the test runs on the caller's goroutine: the starts run in
+// goroutines that only return errors, and the test fails (after every started process has its
+// cleanup) when any start failed.
+func StartRelays(t testing.TB, opts ...RelayOpts) []*Relay {
+	t.Helper()
+	bin := Binary(t)
+	pos := make([]bench.ProcOpts, len(opts))
+	for i, o := range opts {
+		if o.DatabaseURL == "" {
+			o.DatabaseURL = DB(t)
 		}
-	})
-	return r
+		if o.RelayKey == "" {
+			o.RelayKey, _ = NewKey()
+		}
+		if o.InstanceID == "" {
+			o.InstanceID = fmt.Sprintf("t%d", time.Now().UnixNano()%1e12)
+			if len(opts) > 1 {
+				o.InstanceID += fmt.Sprintf("i%d", i)
+			}
+		}
+		var env []string
+		if o.HookDir != "" {
+			env = append(env, "BUZZ_HOOK_DIR="+o.HookDir, "BUZZ_HOOKS="+strings.Join(o.Hooks, ","))
+		}
+		for k, v := range o.Env {
+			env = append(env, k+"="+v)
+		}
+		pos[i] = bench.ProcOpts{
+			Bin: bin, DatabaseURL: o.DatabaseURL, RelayKey: o.RelayKey, InstanceID: o.InstanceID,
+			Env: env, LogPath: filepath.Join(t.TempDir(), "buzzpg-"+o.InstanceID+".log"), LogLevel: "debug",
+		}
+	}
+	procs := make([]*bench.Proc, len(opts))
+	errs := make([]error, len(opts))
+	var wg sync.WaitGroup
+	for i := range pos {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			procs[i], errs[i] = bench.StartServe(pos[i], 60*time.Second)
+		}()
+	}
+	wg.Wait()
+	relays := make([]*Relay, len(opts))
+	for i, p := range procs {
+		if p == nil {
+			continue
+		}
+		r := &Relay{Proc: p, InstanceID: pos[i].InstanceID, LogPath: pos[i].LogPath}
+		relays[i] = r
+		t.Cleanup(func() {
+			r.Stop()
+			if t.Failed() {
+				b, _ := os.ReadFile(r.LogPath)
+				if len(b) > 20000 {
+					b = b[len(b)-20000:]
+				}
+				t.Logf("buzzpg %s log (tail):\n%s", r.InstanceID, b)
+			}
+		})
+	}
+	failed := false
+	for i, err := range errs {
+		if err != nil {
+			b, _ := os.ReadFile(pos[i].LogPath)
+			t.Errorf("start relay %d (%s): %v\n%s", i, pos[i].InstanceID, err, b)
+			failed = true
+		}
+	}
+	if failed {
+		t.FailNow()
+	}
+	return relays
 }
 
 // Stop sends SIGTERM (graceful shutdown) and waits up to 30s, then kills.
