@@ -308,9 +308,7 @@ func TestFanoutReapsStaleSlots(t *testing.T) {
 		t.Errorf("dead slot dropped after %s; bound is StaleAfter of beats, once restarted, + a heartbeat + 2 s = %s", el, bound)
 	}
 	testenv.WaitUntil(t, 5*time.Second, "dead instance row removed", func() bool {
-		var n int
-		_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM buzz.instances WHERE slot_name = $1`, a.Slot()).Scan(&n)
-		return n == 0
+		return mustInt(t, h.pool, `SELECT count(*) FROM buzz.instances WHERE slot_name = $1`, a.Slot()) == 0
 	})
 	if !h.slotExists(ctx, c.Slot()) || !h.slotExists(ctx, b.Slot()) || !h.slotExists(ctx, foreign) {
 		t.Fatalf("a live, own or foreign slot was dropped")
@@ -338,9 +336,7 @@ func TestFanoutCloseDropsSlot(t *testing.T) {
 	if h.slotExists(ctx, f.Slot()) {
 		t.Error("slot survived Close")
 	}
-	var n int
-	_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM buzz.instances WHERE instance_id = $1`, f.cfg.InstanceID).Scan(&n)
-	if n != 0 {
+	if mustInt(t, h.pool, `SELECT count(*) FROM buzz.instances WHERE instance_id = $1`, f.cfg.InstanceID) != 0 {
 		t.Error("instance row survived Close")
 	}
 	if err := f.Run(ctx); err == nil {

@@ -3,6 +3,7 @@ package listener
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nbd-wtf/go-nostr"
 
@@ -110,12 +112,24 @@ func (e *pubEnv) dbNow() int64 {
 
 type genPair struct{ target, published int64 }
 
+// gens returns the viewer's generations, zero for a viewer with no state row yet; any other
+// query error fails the test (it must not read as 0/0, which is "converged").
 func (e *pubEnv) gens(viewer string) genPair {
 	e.t.Helper()
 	var g genPair
-	_ = e.pool.QueryRow(context.Background(), `SELECT target_generation, published_generation
+	err := e.pool.QueryRow(context.Background(), `SELECT target_generation, published_generation
 		FROM buzz.visibility_state WHERE viewer = $1`, viewer).Scan(&g.target, &g.published)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		e.t.Fatalf("generations of %s: %v", viewer[:8], err)
+	}
 	return g
+}
+
+// mustInt runs a query returning one integer (a count, say); any error fails the test, so a
+// check that wants 0 cannot pass because its query did not run. Test goroutine only.
+func mustInt(t testing.TB, q testenv.Querier, sql string, args ...any) int {
+	t.Helper()
+	return testenv.MustInt(t, q, sql, args...)
 }
 
 // hiddenSet is the viewer's hidden channel ids according to the members table.
@@ -194,10 +208,8 @@ func (e *pubEnv) assertConverged(viewer string) {
 func (e *pubEnv) waitConverged(viewers []string, timeout time.Duration) {
 	e.t.Helper()
 	testenv.WaitUntil(e.t, timeout, "snapshots converged", func() bool {
-		var n int
-		_ = e.pool.QueryRow(context.Background(), `SELECT count(*) FROM buzz.visibility_state
-			WHERE viewer = ANY($1) AND published_generation < target_generation`, viewers).Scan(&n)
-		return n == 0
+		return mustInt(e.t, e.pool, `SELECT count(*) FROM buzz.visibility_state
+			WHERE viewer = ANY($1) AND published_generation < target_generation`, viewers) == 0
 	})
 	for _, v := range viewers {
 		e.assertConverged(v)

@@ -55,9 +55,7 @@ func TestSnapshotRecoversAfterFailedPublication(t *testing.T) {
 		t.Fatalf("resurfacing did not bump the generation: %+v -> %+v", before, g)
 	}
 	testenv.WaitUntil(t, 10*time.Second, "publication failing twice", func() bool {
-		var attempts int
-		_ = e.pool.QueryRow(ctx, `SELECT coalesce(max(attempts), 0) FROM buzz.visibility_outbox WHERE viewer = $1`, viewer).Scan(&attempts)
-		return attempts >= 2
+		return mustInt(t, e.pool, `SELECT coalesce(max(attempts), 0) FROM buzz.visibility_outbox WHERE viewer = $1`, viewer) >= 2
 	})
 
 	// The operator view shows it.
@@ -86,9 +84,7 @@ func TestSnapshotRecoversAfterFailedPublication(t *testing.T) {
 	if _, hs := e.head(viewer); !slices.Equal(hs, []string{y}) {
 		t.Fatalf("snapshot %v, want [%s] (x resurfaced)", hs, y)
 	}
-	var rows int
-	_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM buzz.visibility_outbox WHERE viewer = $1`, viewer).Scan(&rows)
-	if rows != 0 {
+	if mustInt(t, e.pool, `SELECT count(*) FROM buzz.visibility_outbox WHERE viewer = $1`, viewer) != 0 {
 		t.Fatalf("outbox row left behind")
 	}
 	e.assertAuditMonotonic()
@@ -248,9 +244,7 @@ func TestSnapshotTwoPublishersThousandViewers(t *testing.T) {
 	if sa.Published == 0 || sb.Published == 0 {
 		t.Fatalf("both publishers should have shared the work: A %d, B %d", sa.Published, sb.Published)
 	}
-	var left int
-	_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM buzz.visibility_outbox`).Scan(&left)
-	if left != 0 {
+	if left := mustInt(t, e.pool, `SELECT count(*) FROM buzz.visibility_outbox`); left != 0 {
 		t.Fatalf("%d outbox rows left", left)
 	}
 
@@ -398,7 +392,6 @@ func TestSnapshotKeyRotation(t *testing.T) {
 // graceful Close gives claims back at once.
 func TestSnapshotClaimsFairnessAndLeases(t *testing.T) {
 	e := newPubEnv(t)
-	ctx := context.Background()
 	mk := func(n int) []string {
 		var vs []string
 		for i := 0; i < n; i++ {
@@ -413,18 +406,8 @@ func TestSnapshotClaimsFairnessAndLeases(t *testing.T) {
 	         WHERE viewer = ANY($1)`, poison)
 	fresh := mk(5)
 	claim := func(max int, lease string) []string {
-		rows, err := e.pool.Query(ctx, `SELECT viewer FROM buzz.claim_visibility_work(gen_random_uuid(), $1, $2::interval)`, max, lease)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		var vs []string
-		for rows.Next() {
-			var v string
-			_ = rows.Scan(&v)
-			vs = append(vs, v)
-		}
-		return vs
+		t.Helper()
+		return testenv.MustColumn[string](t, e.pool, `SELECT viewer FROM buzz.claim_visibility_work(gen_random_uuid(), $1, $2::interval)`, max, lease)
 	}
 	got := claim(8, "1 hour")
 	nFresh := 0
@@ -453,14 +436,12 @@ func TestSnapshotClaimsFairnessAndLeases(t *testing.T) {
 	stopA := e2.start(a)
 	e2.hide(viewer, ch)
 	gate.wait(t)
-	var claimed int
-	_ = e2.pool.QueryRow(ctx, `SELECT count(*) FROM buzz.visibility_outbox WHERE claim_id IS NOT NULL`).Scan(&claimed)
-	if claimed != 1 {
+	const claimedRows = `SELECT count(*) FROM buzz.visibility_outbox WHERE claim_id IS NOT NULL`
+	if claimed := mustInt(t, e2.pool, claimedRows); claimed != 1 {
 		t.Fatalf("claimed rows %d", claimed)
 	}
 	stopA() // cancels A (its hook returns on ctx end) and releases its claim
-	_ = e2.pool.QueryRow(ctx, `SELECT count(*) FROM buzz.visibility_outbox WHERE claim_id IS NOT NULL`).Scan(&claimed)
-	if claimed != 0 {
+	if mustInt(t, e2.pool, claimedRows) != 0 {
 		t.Fatalf("claim not released on Close")
 	}
 	b := e2.publisher("B", nil) // lease 30s: only the release lets B in this fast

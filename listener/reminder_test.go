@@ -97,7 +97,9 @@ func (e *remEnv) dueStamps() map[string][]int64 {
 	out := map[string][]int64{}
 	for rows.Next() {
 		var data string
-		_ = rows.Scan(&data)
+		if err := rows.Scan(&data); err != nil {
+			e.t.Fatal(err)
+		}
 		sigs, err := testenv.DueSignals(data)
 		if err != nil {
 			e.t.Fatal(err)
@@ -105,6 +107,9 @@ func (e *remEnv) dueStamps() map[string][]int64 {
 		for _, sig := range sigs {
 			out[sig.ID()] = append(out[sig.ID()], sig.Stamp)
 		}
+	}
+	if err := rows.Err(); err != nil {
+		e.t.Fatal(err)
 	}
 	return out
 }

@@ -65,7 +65,7 @@ func TestReminderValidationMatrix(t *testing.T) {
 				t.Fatalf("got %s %v, want BZ400 %q", code, err, c.want)
 			}
 			var events, rems int
-			_ = pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM buzz.events WHERE id = $1), (SELECT count(*) FROM buzz.reminders WHERE id = $1)`, ev.ID).Scan(&events, &rems)
+			testenv.MustScan(t, pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM buzz.events WHERE id = $1), (SELECT count(*) FROM buzz.reminders WHERE id = $1)`, ev.ID), &events, &rems)
 			if events != 0 || rems != 0 {
 				t.Fatalf("rejected version left %d events and %d reminder rows", events, rems)
 			}
