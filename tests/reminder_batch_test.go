@@ -159,6 +159,9 @@ func TestReminderBatchClaimSkipsRowsLockedByAnotherClaimer(t *testing.T) {
 	if c2Waited {
 		t.Fatal("claimer 2 waited for claimer 1's row locks instead of skipping them (SKIP LOCKED)")
 	}
+	// I5: six claims, six stamps, and the two recoveries do not reuse the dead claimer's stamps.
+	remAssertDistinctStamps(t, "claims of claimers 1 and 2", remStamps(got1), remStamps(got2))
+	remAssertDistinctStamps(t, "the dead claims and their recoveries", remStamps(dead), remStamps(got1[:2]))
 	if again := remMustClaimBatch(t, pool, 10, 10*time.Minute); len(again) != 0 {
 		t.Fatalf("a third claim took %+v while every row is held", again)
 	}
@@ -189,6 +192,7 @@ func TestReminderBatchRollbackStaleStampChangesNothing(t *testing.T) {
 	if len(second) != 2 || !s2.Recovered || s2.Stamp == s1 || stamps[plain.ID].Stamp == 0 {
 		t.Fatalf("recovery claim: %+v, want %.8s recovered with a new stamp and %.8s claimed", second, recovered.ID, plain.ID)
 	}
+	remAssertDistinctStamps(t, "first claim and the recovery batch", []int64{s1}, remStamps(second))
 	before := remGet(t, pool, recovered.ID)
 
 	var rolled []string
@@ -208,6 +212,14 @@ func TestReminderBatchRollbackStaleStampChangesNothing(t *testing.T) {
 	if r := remGet(t, pool, plain.ID); r.State != "armed" || r.Rolls != 1 {
 		t.Fatalf("current pair after rollback: %s, want armed with one rollback", remShow(r))
 	}
+}
+
+func remStamps(cs []remBatchClaim) []int64 {
+	out := make([]int64, len(cs))
+	for i, c := range cs {
+		out[i] = c.Stamp
+	}
+	return out
 }
 
 func remIDs(cs []remBatchClaim) []string {

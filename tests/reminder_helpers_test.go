@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -66,15 +67,24 @@ func remDue(t testing.TB, pool *pgxpool.Pool) *nostr.Event {
 	return ev
 }
 
-func remClaim(t testing.TB, q interface {
+type remRowQuerier interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
-}, ev *nostr.Event) *int64 {
+}
+
+func remClaim(t testing.TB, q remRowQuerier, ev *nostr.Event) *int64 {
 	t.Helper()
-	var stamp *int64
-	if err := q.QueryRow(context.Background(), `SELECT buzz.claim_due_reminder($1, $2)`, ev.ID, int64(ev.CreatedAt)).Scan(&stamp); err != nil {
+	stamp, err := remClaimErr(q, ev)
+	if err != nil {
 		t.Fatalf("claim: %v", err)
 	}
 	return stamp
+}
+
+// remClaimErr is remClaim for goroutines other than the test's: it returns the error.
+func remClaimErr(q remRowQuerier, ev *nostr.Event) (*int64, error) {
+	var stamp *int64
+	err := q.QueryRow(context.Background(), `SELECT buzz.claim_due_reminder($1, $2)`, ev.ID, int64(ev.CreatedAt)).Scan(&stamp)
+	return stamp, err
 }
 
 func remClaimLease(t testing.TB, pool *pgxpool.Pool, ev *nostr.Event, lease time.Duration) *int64 {
@@ -174,4 +184,28 @@ func (s *remSlot) dueMessages(t testing.TB) []map[string]any {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// remAssertDistinctStamps fails unless no stamp occurs twice across sets (I5: a stamp names one
+// claim of one row).
+func remAssertDistinctStamps(t testing.TB, what string, sets ...[]int64) {
+	t.Helper()
+	seen := map[int64]int{}
+	n := 0
+	for _, set := range sets {
+		for _, s := range set {
+			seen[s]++
+			n++
+		}
+	}
+	if len(seen) == n {
+		return
+	}
+	var dups []string
+	for s, c := range seen {
+		if c > 1 && len(dups) < 5 {
+			dups = append(dups, fmt.Sprintf("%d (%d times)", s, c))
+		}
+	}
+	t.Fatalf("%s: %d stamps, %d distinct; repeated: %s", what, n, len(seen), strings.Join(dups, ", "))
 }

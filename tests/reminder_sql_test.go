@@ -32,12 +32,14 @@ func TestReminderConcurrentClaimsExactlyOneWins(t *testing.T) {
 		}
 		a, b := testenv.NewSession(t, url, "rem-a"), testenv.NewSession(t, url, "rem-b")
 		var stamps [2]*int64
+		var errs [2]error
 		var wg sync.WaitGroup
 		dones := make([]<-chan struct{}, 2)
 		for i, s := range []*testenv.Session{a, b} {
 			i, s := i, s
 			wg.Add(1)
-			dones[i] = testenv.Async(func() { defer wg.Done(); stamps[i] = remClaim(t, s.Conn, ev) })
+			// Not remClaim: its t.Fatalf must not run outside the test's goroutine.
+			dones[i] = testenv.Async(func() { defer wg.Done(); stamps[i], errs[i] = remClaimErr(s.Conn, ev) })
 		}
 		for i, s := range []*testenv.Session{a, b} {
 			if !testenv.WaitBlockedOrDone(t, pool, s.PID, dones[i]) {
@@ -48,6 +50,11 @@ func TestReminderConcurrentClaimsExactlyOneWins(t *testing.T) {
 			t.Fatal(err)
 		}
 		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: claimer %d: %v", round, i, err)
+			}
+		}
 		won := 0
 		for _, s := range stamps {
 			if s != nil {
@@ -287,7 +294,7 @@ func TestReminderClaimOnlyWhenDue(t *testing.T) {
 	// Wrong created_at: the (id, created_at) pair names the version.
 	due := remDue(t, pool)
 	var s *int64
-	_ = pool.QueryRow(ctx, `SELECT buzz.claim_due_reminder($1, $2)`, due.ID, int64(due.CreatedAt)+1).Scan(&s)
+	testenv.MustScan(t, pool.QueryRow(ctx, `SELECT buzz.claim_due_reminder($1, $2)`, due.ID, int64(due.CreatedAt)+1), &s)
 	if s != nil {
 		t.Fatal("claimed with a wrong created_at")
 	}
@@ -460,31 +467,38 @@ func TestReminderBatchClaimDisjointAndStatus(t *testing.T) {
 	if st.due != n || st.claimed != 0 {
 		t.Fatalf("status before claims: %+v", st)
 	}
-	// Four concurrent batch claimers: every id claimed exactly once.
+	// Four concurrent batch claimers: every id claimed exactly once, each claim with its own stamp
+	// (I5: a stamp names one claim; a stamp shared by two rows, say one drawn once per statement,
+	// would let a confirm or rollback with one row's stamp act on the other's claim).
 	var mu sync.Mutex
 	got := map[string]int{}
+	var firstStamps []int64
 	var wg sync.WaitGroup
 	for w := 0; w < 4; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for {
-				rows, err := pool.Query(ctx, `SELECT id FROM buzz.claim_due_reminders(100, '10 minutes')`)
+				rows, err := pool.Query(ctx, `SELECT id, stamp FROM buzz.claim_due_reminders(100, '10 minutes')`)
 				if err != nil {
 					t.Error(err)
 					return
 				}
-				ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+				claims, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct {
+					ID    string
+					Stamp int64
+				}])
 				if err != nil {
 					t.Error(err)
 					return
 				}
-				if len(ids) == 0 {
+				if len(claims) == 0 {
 					return
 				}
 				mu.Lock()
-				for _, id := range ids {
-					got[id]++
+				for _, c := range claims {
+					got[c.ID]++
+					firstStamps = append(firstStamps, c.Stamp)
 				}
 				mu.Unlock()
 			}
@@ -499,17 +513,19 @@ func TestReminderBatchClaimDisjointAndStatus(t *testing.T) {
 			t.Fatalf("%s claimed %d times before any lease expired", id, c)
 		}
 	}
+	remAssertDistinctStamps(t, "first claims", firstStamps)
 	// The owners "die": move the leases into the past (as if 10 minutes went by). They show as
 	// stuck, and the next batch recovers them with new stamps.
 	if _, err := pool.Exec(ctx, `UPDATE buzz.reminders SET lease_until = now() - interval '1 millisecond' WHERE state = 'claimed'`); err != nil {
 		t.Fatal(err)
 	}
-	var stuck int64
-	_ = pool.QueryRow(ctx, `SELECT stuck FROM buzz.reminder_status()`).Scan(&stuck)
-	if stuck != n {
+	if stuck := testenv.MustInt(t, pool, `SELECT stuck FROM buzz.reminder_status()`); stuck != n {
 		t.Fatalf("stuck %d, want %d", stuck, n)
 	}
-	rows, _ := pool.Query(ctx, `SELECT id, stamp, recovered FROM buzz.claim_due_reminders($1, '1 minute')`, n)
+	rows, err := pool.Query(ctx, `SELECT id, stamp, recovered FROM buzz.claim_due_reminders($1, '1 minute')`, n)
+	if err != nil {
+		t.Fatalf("recovery batch: %v", err)
+	}
 	type rc struct {
 		ID        string
 		Stamp     int64
@@ -527,7 +543,14 @@ func TestReminderBatchClaimDisjointAndStatus(t *testing.T) {
 		}
 		ids, stamps = append(ids, r.ID), append(stamps, r.Stamp)
 	}
-	rows, _ = pool.Query(ctx, `SELECT buzz.confirm_reminder_claims($1, $2)`, ids, stamps)
+	// One statement recovered all n: each recovery has its own stamp, and none is a stamp of the
+	// first claims (the stale owners would otherwise still be able to confirm or roll back).
+	remAssertDistinctStamps(t, "recovery claims", stamps)
+	remAssertDistinctStamps(t, "first and recovery claims", firstStamps, stamps)
+	rows, err = pool.Query(ctx, `SELECT buzz.confirm_reminder_claims($1, $2)`, ids, stamps)
+	if err != nil {
+		t.Fatalf("batch confirm: %v", err)
+	}
 	confirmed, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil || len(confirmed) != n {
 		t.Fatalf("batch confirm: %d, %v", len(confirmed), err)
