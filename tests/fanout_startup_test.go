@@ -49,11 +49,13 @@ func TestNoClientsBeforeTheSlotExists(t *testing.T) {
 		err error
 	}
 	startc := make(chan started, 1)
+	// Binary and TempDir may fail the test: resolved here, on the test's goroutine.
+	opts := bench.ProcOpts{
+		Bin: testenv.Binary(t), DatabaseURL: dbURL, RelayKey: key, InstanceID: inst, Listen: addr,
+		LogPath: filepath.Join(t.TempDir(), "serve.log"),
+	}
 	go func() {
-		p, err := bench.StartServe(bench.ProcOpts{
-			Bin: testenv.Binary(t), DatabaseURL: dbURL, RelayKey: key, InstanceID: inst, Listen: addr,
-			LogPath: filepath.Join(t.TempDir(), "serve.log"),
-		}, 60*time.Second)
+		p, err := bench.StartServe(opts, 60*time.Second)
 		startc <- started{p, err}
 	}()
 	var st started

@@ -26,7 +26,8 @@ func TestRaceHideCommitsFirstIsCleared(t *testing.T) {
 	var mok bool
 	var mmsg string
 	var merr error
-	done := async(func() { mok, mmsg, merr = m.Accept(a.Event(t, 9, nostr.Tags{{"h", ch}}, "")) })
+	msgEv := a.Event(t, 9, nostr.Tags{{"h", ch}}, "") // signed here: Event may fail the test
+	done := async(func() { mok, mmsg, merr = m.Accept(msgEv) })
 	if !e.waitBlockedOrDone(m.PID, done) {
 		t.Fatal("the message did not wait for the uncommitted hide")
 	}
@@ -56,7 +57,8 @@ func TestRaceHideAfterMessageStays(t *testing.T) {
 	var hok bool
 	var hmsg string
 	var herr error
-	done := async(func() { hok, hmsg, herr = h.Accept(b.Event(t, 41012, nostr.Tags{{"h", ch}}, "")) })
+	hideEv := b.Event(t, 41012, nostr.Tags{{"h", ch}}, "") // signed here: Event may fail the test
+	done := async(func() { hok, hmsg, herr = h.Accept(hideEv) })
 	if !e.waitBlockedOrDone(h.PID, done) {
 		t.Fatal("the hide did not wait for the uncommitted message: it could commit first and stay")
 	}
@@ -98,12 +100,14 @@ func TestRaceTwoMessagesOneHide(t *testing.T) {
 	m1.Begin()
 	m1.MustAccept(a.Event(t, 9, nostr.Tags{{"h", ch}}, ""))
 	h.Begin()
-	hDone := async(func() { hr.ok, hr.msg, hr.err = h.Accept(b.Event(t, 41012, nostr.Tags{{"h", ch}}, "")) })
+	hideEv := b.Event(t, 41012, nostr.Tags{{"h", ch}}, "") // signed here: Event may fail the test
+	hDone := async(func() { hr.ok, hr.msg, hr.err = h.Accept(hideEv) })
 	if !e.waitBlockedOrDone(h.PID, hDone) {
 		t.Fatal("the hide did not wait for message 1")
 	}
 	m2.Begin()
-	m2Done := async(func() { m2r.ok, m2r.msg, m2r.err = m2.Accept(a.Event(t, 40002, nostr.Tags{{"h", ch}}, "")) })
+	msg2Ev := a.Event(t, 40002, nostr.Tags{{"h", ch}}, "")
+	m2Done := async(func() { m2r.ok, m2r.msg, m2r.err = m2.Accept(msg2Ev) })
 	if !e.waitBlockedOrDone(m2.PID, m2Done) {
 		t.Fatal("message 2 did not wait for message 1")
 	}
@@ -147,19 +151,19 @@ func TestRaceOpenOpenSameSet(t *testing.T) {
 	s1.Begin()
 	ok, msg1, err := s1.Accept(a.Event(t, 41010, nostr.Tags{{"p", b.PK}}, ""))
 	must(t, ok, msg1, err)
+	var ok2 bool
 	var msg2 string
+	var err2 error
+	open2 := b.Event(t, 41010, nostr.Tags{{"p", a.PK}}, "")
 	s2.Begin()
-	done := async(func() {
-		var ok bool
-		var err error
-		ok, msg2, err = s2.Accept(b.Event(t, 41010, nostr.Tags{{"p", a.PK}}, ""))
-		must(t, ok, msg2, err)
-	})
+	// The goroutine only records the outcome; must (t.Fatal) runs on the test's goroutine.
+	done := async(func() { ok2, msg2, err2 = s2.Accept(open2) })
 	if !e.waitBlockedOrDone(s2.PID, done) {
 		t.Fatal("the second open did not wait on the first (participant hash)")
 	}
 	s1.Commit()
 	<-done
+	must(t, ok2, msg2, err2)
 	s2.Commit()
 	r1, r2 := parseResponse(t, msg1), parseResponse(t, msg2)
 	if r1.ChannelID != r2.ChannelID || !r1.Created || r2.Created {
@@ -198,7 +202,8 @@ func TestRaceBumpsOfOneViewerFromTwoDMs(t *testing.T) {
 	var ok bool
 	var msg string
 	var err error
-	done := async(func() { ok, msg, err = s2.Accept(b.Event(t, 41012, nostr.Tags{{"h", ch2}}, "")) })
+	hide2 := b.Event(t, 41012, nostr.Tags{{"h", ch2}}, "") // signed here: Event may fail the test
+	done := async(func() { ok, msg, err = s2.Accept(hide2) })
 	if !e.waitBlockedOrDone(s2.PID, done) {
 		t.Fatal("the second hide did not wait for the first one's uncommitted bump")
 	}
