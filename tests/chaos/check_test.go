@@ -64,32 +64,27 @@ func loadState(ctx context.Context, conn *pgx.Conn) (*dbState, error) {
 	s := &dbState{events: map[string]bool{}, addrHead: map[string][2]any{}, members: map[string][]string{},
 		hidden: map[string][]string{}, viewers: map[string][2]int64{}, snapshots: map[string][]snapRow{},
 		reminders: map[string]reminderRow{}}
-	rows, err := conn.Query(ctx, `SELECT id, kind, pubkey, coalesce(d_tag,''), created_at FROM buzz.events`)
-	if err != nil {
-		return nil, err
-	}
-	for rows.Next() {
+	err := eachRow(ctx, conn, `SELECT id, kind, pubkey, coalesce(d_tag,''), created_at FROM buzz.events`, func(rows pgx.Rows) error {
 		var id, pk, d string
 		var kind int
 		var created int64
 		if err := rows.Scan(&id, &kind, &pk, &d, &created); err != nil {
-			return nil, err
+			return err
 		}
 		s.events[id] = true
 		if kind == 30300 {
 			s.addrHead[pk+"/"+d] = [2]any{created, id}
 		}
-	}
-	rows.Close()
-	rows, err = conn.Query(ctx, `SELECT channel_id::text, pubkey, hidden_at IS NOT NULL FROM buzz.members ORDER BY 1, 2`)
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	for rows.Next() {
+	err = eachRow(ctx, conn, `SELECT channel_id::text, pubkey, hidden_at IS NOT NULL FROM buzz.members ORDER BY 1, 2`, func(rows pgx.Rows) error {
 		var ch, pk string
 		var hid bool
 		if err := rows.Scan(&ch, &pk, &hid); err != nil {
-			return nil, err
+			return err
 		}
 		s.members[ch] = append(s.members[ch], pk)
 		if hid {
@@ -98,49 +93,70 @@ func loadState(ctx context.Context, conn *pgx.Conn) (*dbState, error) {
 		if _, ok := s.viewers[pk]; !ok {
 			s.viewers[pk] = [2]int64{-1, -1}
 		}
-	}
-	rows.Close()
-	rows, err = conn.Query(ctx, `SELECT viewer, target_generation, published_generation FROM buzz.visibility_state`)
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	for rows.Next() {
+	err = eachRow(ctx, conn, `SELECT viewer, target_generation, published_generation FROM buzz.visibility_state`, func(rows pgx.Rows) error {
 		var v string
 		var tg, pg int64
 		if err := rows.Scan(&v, &tg, &pg); err != nil {
-			return nil, err
+			return err
 		}
 		s.viewers[v] = [2]int64{tg, pg}
-	}
-	rows.Close()
-	rows, err = conn.Query(ctx, `SELECT id, pubkey, d_tag, created_at, tags FROM buzz.events WHERE kind = 30622`)
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	for rows.Next() {
+	err = eachRow(ctx, conn, `SELECT id, pubkey, d_tag, created_at, tags FROM buzz.events WHERE kind = 30622`, func(rows pgx.Rows) error {
 		var r snapRow
 		var d string
 		var tags []byte
 		if err := rows.Scan(&r.id, &r.pubkey, &d, &r.created, &tags); err != nil {
-			return nil, err
+			return err
 		}
-		_ = json.Unmarshal(tags, &r.tags)
+		if err := json.Unmarshal(tags, &r.tags); err != nil {
+			return fmt.Errorf("snapshot %s: tags: %w", r.id, err)
+		}
 		s.snapshots[d] = append(s.snapshots[d], r)
-	}
-	rows.Close()
-	rows, err = conn.Query(ctx, `SELECT id, pubkey, d_tag, state, not_before, stamp, confirmed_at, claims, recoveries FROM buzz.reminders`)
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	for rows.Next() {
+	err = eachRow(ctx, conn, `SELECT id, pubkey, d_tag, state, not_before, stamp, confirmed_at, claims, recoveries FROM buzz.reminders`, func(rows pgx.Rows) error {
 		var r reminderRow
 		if err := rows.Scan(&r.id, &r.pubkey, &r.d, &r.state, &r.notBefore, &r.stamp, &r.confirmedAt, &r.claims, &r.recoveries); err != nil {
-			return nil, err
+			return err
 		}
 		s.reminders[r.id] = r
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	rows.Close()
-	return s, rows.Err()
+	return s, nil
+}
+
+// eachRow runs sql and calls fn on every row; the query's, fn's and rows.Err's errors are
+// returned (a state read cut short must not look like a smaller, consistent state).
+func eachRow(ctx context.Context, conn *pgx.Conn, sql string, fn func(pgx.Rows) error) error {
+	rows, err := conn.Query(ctx, sql)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := fn(rows); err != nil {
+			return fmt.Errorf("%s: %w", sql, err)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("%s: %w", sql, err)
+	}
+	return nil
 }
 
 // dueEmission is one due signal found in the WAL by the soak's own logical slot.
