@@ -101,7 +101,7 @@ func TestRelayServeEndToEnd(t *testing.T) {
 			t.Fatalf("kind 0 head: %v", got)
 		}
 		note := rbSign(sk, 1, "to delete", now)
-		c.Publish(note)
+		c.MustPublish(note)
 		del := rbSign(sk, 5, "", now, nostr.Tag{"e", note.ID})
 		if r := c.Publish(del); !r.OK {
 			t.Fatal(r.Msg)

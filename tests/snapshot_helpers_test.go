@@ -5,12 +5,14 @@ package tests
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nbd-wtf/go-nostr"
 
@@ -60,10 +62,15 @@ func snapSQLDM(t testing.TB, pool *pgxpool.Pool) (viewer, ch string) {
 	return viewer, ch
 }
 
+// snapGens returns the viewer's generations, zero for a viewer with no state row yet; any other
+// query error fails the test (it must not read as 0/0, which is "converged").
 func snapGens(t testing.TB, pool *pgxpool.Pool, viewer string) (target, published int64) {
 	t.Helper()
-	_ = pool.QueryRow(context.Background(), `SELECT target_generation, published_generation
+	err := pool.QueryRow(context.Background(), `SELECT target_generation, published_generation
 		FROM buzz.visibility_state WHERE viewer = $1`, viewer).Scan(&target, &published)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		t.Fatalf("generations of %.8s: %v", viewer, err)
+	}
 	return
 }
 
@@ -124,12 +131,17 @@ func snapAssertAudit(t testing.TB, pool *pgxpool.Pool, viewer string) []int64 {
 	var lastG, lastC int64 = -1, -1
 	for rows.Next() {
 		var g, c int64
-		_ = rows.Scan(&g, &c)
+		if err := rows.Scan(&g, &c); err != nil {
+			t.Fatal(err)
+		}
 		if g <= lastG || c <= lastC {
 			t.Errorf("publication (g %d, created_at %d) after (g %d, created_at %d)", g, c, lastG, lastC)
 		}
 		gens = append(gens, g)
 		lastG, lastC = g, c
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
 	}
 	return gens
 }

@@ -64,9 +64,7 @@ func TestSnapshotServeRecoveryAfterFailedPublication(t *testing.T) {
 		t.Fatalf("resurfacing: target %d published %d", target, published)
 	}
 	testenv.WaitUntil(t, 20*time.Second, "publication failing", func() bool {
-		var attempts int
-		_ = pool.QueryRow(context.Background(), `SELECT coalesce(max(attempts), 0) FROM buzz.visibility_outbox WHERE viewer = $1`, vPK).Scan(&attempts)
-		return attempts >= 1
+		return testenv.MustInt(t, pool, `SELECT coalesce(max(attempts), 0) FROM buzz.visibility_outbox WHERE viewer = $1`, vPK) >= 1
 	})
 	r1.Stop()
 
@@ -115,13 +113,14 @@ func TestSnapshotServeStalePublisherAcrossProcesses(t *testing.T) {
 	// An earlier head, 30 s behind the clock (B will publish just above it).
 	snapExec(t, pool, `SELECT buzz.bump_visibility($1)`, viewer)
 	g0, _ := snapGens(t, pool, viewer)
-	var now int64
-	_ = pool.QueryRow(ctx, `SELECT buzz.now_unix()`).Scan(&now)
-	early := now - 30
-	b := listener.NewPublisher(listener.PublisherConfig{InstanceID: "B", RelaySecretKey: relayKey}, pool)
+	early := testenv.MustScalar[int64](t, pool, `SELECT buzz.now_unix()`) - 30
+	// B is this test process: it signs and publishes through listener.PublishSigned.
 	signed := func(hidden []string, created int64) *nostr.Event {
+		t.Helper()
 		ev := listener.BuildSnapshot(viewer, hidden, created)
-		_ = ev.Sign(relayKey)
+		if err := ev.Sign(relayKey); err != nil {
+			t.Fatal(err)
+		}
 		return ev
 	}
 	if out, err := listener.PublishSigned(ctx, pool, viewer, g0, signed(nil, early)); err != nil || out != listener.OutcomePublished {
@@ -144,7 +143,6 @@ func TestSnapshotServeStalePublisherAcrossProcesses(t *testing.T) {
 		t.Fatalf("B: %q %v", out, err)
 	}
 	headB, _ := snapHead(t, pool, viewer)
-	_ = b
 
 	testenv.ReleaseHook(t, hookDir, listener.HookBeforeFence)
 	testenv.WaitUntil(t, 20*time.Second, "A's outcome in its log", func() bool {
