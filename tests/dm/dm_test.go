@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
 func TestOpenIsIdempotentBySet(t *testing.T) {
@@ -24,9 +26,7 @@ func TestOpenIsIdempotentBySet(t *testing.T) {
 	if !ok || !strings.Contains(msg, ch) || !strings.Contains(msg, `"created": false`) && !strings.Contains(msg, `"created":false`) {
 		t.Fatalf("dedup open: %v %q", ok, msg)
 	}
-	var n int
-	_ = e.pool.QueryRow(context.Background(), `SELECT count(*) FROM buzz.members WHERE channel_id=$1`, ch).Scan(&n)
-	if n != 2 {
+	if n := testenv.MustInt(t, e.pool, `SELECT count(*) FROM buzz.members WHERE channel_id=$1`, ch); n != 2 {
 		t.Fatalf("members: %d", n)
 	}
 }
@@ -116,9 +116,7 @@ func TestDuplicateMessageChangesNothing(t *testing.T) {
 		t.Fatal("a replayed message resurfaced the DM")
 	}
 	e.assertAgree(b, 3)
-	var n int
-	_ = e.pool.QueryRow(context.Background(), `SELECT count(*) FROM buzz.events WHERE id=$1`, m.ID).Scan(&n)
-	if n != 1 {
+	if n := testenv.MustInt(t, e.pool, `SELECT count(*) FROM buzz.events WHERE id=$1`, m.ID); n != 1 {
 		t.Fatalf("stored %d times", n)
 	}
 	// Command replays change nothing either.
@@ -200,9 +198,7 @@ func TestNonMembersAreRestricted(t *testing.T) {
 		if ok || !strings.HasPrefix(msg, "restricted:") {
 			t.Fatalf("kind %d: got %v %q, want restricted:", ev.Kind, ok, msg)
 		}
-		var n int
-		_ = e.pool.QueryRow(context.Background(), `SELECT count(*) FROM buzz.events WHERE id=$1`, ev.ID).Scan(&n)
-		if n != 0 {
+		if testenv.MustInt(t, e.pool, `SELECT count(*) FROM buzz.events WHERE id=$1`, ev.ID) != 0 {
 			t.Fatal("a restricted event was stored")
 		}
 	}
@@ -277,8 +273,7 @@ func TestOperatorHideFromSQL(t *testing.T) {
 	if err := e.pool.QueryRow(context.Background(), `SELECT buzz.hide_dm($1, $2)`, b.PK, ch).Scan(&changed); err != nil || !changed {
 		t.Fatalf("hide_dm: %v %v", changed, err)
 	}
-	_ = e.pool.QueryRow(context.Background(), `SELECT buzz.hide_dm($1, $2)`, b.PK, ch).Scan(&changed)
-	if changed {
+	if testenv.MustScalar[bool](t, e.pool, `SELECT buzz.hide_dm($1, $2)`, b.PK, ch) {
 		t.Fatal("hiding twice reported a change")
 	}
 	e.assertAgree(b, 1)

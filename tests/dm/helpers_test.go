@@ -3,9 +3,11 @@ package dm
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nbd-wtf/go-nostr"
 
@@ -97,10 +99,19 @@ func (e *env) hidden(u user, ch string) bool {
 func (e *env) vis(u user) (target, published, outbox int64) {
 	e.t.Helper()
 	outbox = -1
-	_ = e.pool.QueryRow(context.Background(),
-		`SELECT target_generation, published_generation FROM buzz.visibility_state WHERE viewer=$1`, u.PK).Scan(&target, &published)
-	_ = e.pool.QueryRow(context.Background(),
-		`SELECT generation FROM buzz.visibility_outbox WHERE viewer=$1`, u.PK).Scan(&outbox)
+	// No row is a legitimate answer (0, 0 and -1); any other error fails the test instead of
+	// reading as "no outbox row".
+	for _, q := range []struct {
+		sql  string
+		dest []any
+	}{
+		{`SELECT target_generation, published_generation FROM buzz.visibility_state WHERE viewer=$1`, []any{&target, &published}},
+		{`SELECT generation FROM buzz.visibility_outbox WHERE viewer=$1`, []any{&outbox}},
+	} {
+		if err := e.pool.QueryRow(context.Background(), q.sql, u.PK).Scan(q.dest...); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			e.t.Fatalf("%s: %v", q.sql, err)
+		}
+	}
 	return
 }
 
