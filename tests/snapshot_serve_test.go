@@ -86,6 +86,13 @@ func TestSnapshotServeRecoveryAfterFailedPublication(t *testing.T) {
 		got.Tags.GetFirst([]string{"d", vPK}) == nil || got.Tags.GetFirst([]string{"p", vPK}) == nil {
 		t.Fatalf("live snapshot %v", got)
 	}
+	// The live snapshot can arrive before its commit is visible to this test's session (logical
+	// decoding reads the commit record before the committing backend becomes visible; see
+	// relay/recent.go): wait for it, then check the generations.
+	testenv.WaitUntil(t, 10*time.Second, "the live snapshot's commit visible", func() bool {
+		_, p := snapGens(t, pool, vPK)
+		return p >= target
+	})
 	if g, p := snapGens(t, pool, vPK); p != g || g != target {
 		t.Fatalf("generations: target %d published %d, want %d", g, p, target)
 	}
