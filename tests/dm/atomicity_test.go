@@ -4,11 +4,22 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/store"
 )
+
+// storedCount counts the stored rows of event id (checking the query itself).
+func (e *env) storedCount(id string) int {
+	e.t.Helper()
+	var n int
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM buzz.events WHERE id=$1`, id).Scan(&n); err != nil {
+		e.t.Fatalf("count events %.8s: %v", id, err)
+	}
+	return n
+}
 
 // I1: acceptance and its visibility consequence commit together or not at all.
 func TestAcceptAndOutboxCommitTogether(t *testing.T) {
@@ -38,9 +49,7 @@ func TestAcceptAndOutboxCommitTogether(t *testing.T) {
 	if err == nil || ok {
 		t.Fatalf("accept must fail when the outbox write fails: ok=%v msg=%q err=%v", ok, msg, err)
 	}
-	var n int
-	_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM buzz.events WHERE id=$1`, m.ID).Scan(&n)
-	if n != 0 {
+	if e.storedCount(m.ID) != 0 {
 		t.Fatal("I1 broken: the message was stored although its visibility consequence failed")
 	}
 	if !e.hidden(b, ch) {
@@ -53,12 +62,140 @@ func TestAcceptAndOutboxCommitTogether(t *testing.T) {
 	if !ok || msg != "" {
 		t.Fatalf("resend: %v %q", ok, msg)
 	}
-	_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM buzz.events WHERE id=$1`, m.ID).Scan(&n)
-	if n != 1 || e.hidden(b, ch) {
+	if n := e.storedCount(m.ID); n != 1 || e.hidden(b, ch) {
 		t.Fatalf("after resend: stored %d, hidden %v", n, e.hidden(b, ch))
 	}
 	e.assertAgree(b, 2)
 	if ok, msg := e.accept(m); !ok || !strings.HasPrefix(msg, "duplicate:") {
 		t.Fatalf("third send: %v %q", ok, msg)
+	}
+}
+
+// visibilityRows returns u's visibility_state row and outbox row, whole, as text ("" for no
+// outbox row): any change to either shows.
+func (e *env) visibilityRows(u user) (state, outbox string) {
+	e.t.Helper()
+	err := e.pool.QueryRow(context.Background(), `
+		SELECT s::text, coalesce((SELECT o::text FROM buzz.visibility_outbox o WHERE o.viewer = s.viewer), '')
+		  FROM buzz.visibility_state s WHERE s.viewer = $1`, u.PK).Scan(&state, &outbox)
+	if err != nil {
+		e.t.Fatalf("visibility rows of %.8s: %v", u.PK, err)
+	}
+	return state, outbox
+}
+
+// I1, the other side: the EVENT insert fails while the message's visibility consequence (the
+// recipient's hide cleared, the generation bumped, the outbox row upserted, NOTIFY queued) is in
+// flight. Nothing of that consequence may survive: the hide stays, generation and outbox row are
+// exactly as before, and no notification is delivered. TestAcceptAndOutboxCommitTogether fails
+// the consequence and checks the event; this fails the event and checks the consequence.
+//
+//   - "before insert": a BEFORE INSERT trigger on buzz.events refuses the message's row.
+//   - "at commit": a deferred constraint trigger refuses the row at COMMIT, after accept_event has
+//     already cleared the hide, bumped the generation and upserted the outbox row in the same
+//     transaction (accept_event stores the event first, then resurfaces).
+func TestAcceptEventInsertFailureKeepsTheHide(t *testing.T) {
+	cases := []struct {
+		name     string
+		inFlight string // b's state inside the failing transaction when the insert fails
+		trigger  func(id string) string
+	}{
+		{"before insert", "t, b target: 1", func(id string) string {
+			return `CREATE TRIGGER test_fail_event BEFORE INSERT ON buzz.events
+			  FOR EACH ROW WHEN (NEW.id = '` + id + `') EXECUTE FUNCTION public.test_fail_event()`
+		}},
+		{"at commit", "f, b target: 2", func(id string) string {
+			return `CREATE CONSTRAINT TRIGGER test_fail_event AFTER INSERT ON buzz.events
+			  DEFERRABLE INITIALLY DEFERRED
+			  FOR EACH ROW WHEN (NEW.id = '` + id + `') EXECUTE FUNCTION public.test_fail_event()`
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			ctx := context.Background()
+			a, b := newUser(), newUser()
+			ch := e.open(a, b)
+			e.hide(b, ch)
+			e.assertAgree(b, 1)
+			stateBefore, outboxBefore := e.visibilityRows(b)
+			if outboxBefore == "" {
+				t.Fatal("setup: the hide left no outbox row")
+			}
+
+			m := a.Event(t, 9, nostr.Tags{{"h", ch}}, "are you there?")
+			// A non-retryable error (db.Retry retries only 40001 and 40P01). Its message tells
+			// what the failing transaction had done to b by then.
+			if _, err := e.pool.Exec(ctx, `
+				CREATE FUNCTION public.test_fail_event() RETURNS trigger LANGUAGE plpgsql AS $$
+				BEGIN
+				  RAISE EXCEPTION 'event insert failed (test); b hidden: %, b target: %',
+				    (SELECT hidden_at IS NOT NULL FROM buzz.members WHERE channel_id = '`+ch+`' AND pubkey = '`+b.PK+`'),
+				    (SELECT target_generation FROM buzz.visibility_state WHERE viewer = '`+b.PK+`')
+				    USING ERRCODE = 'XX000';
+				END $$;`); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.pool.Exec(ctx, tc.trigger(m.ID)); err != nil {
+				t.Fatal(err)
+			}
+			cleanup := func() {
+				_, _ = e.pool.Exec(ctx, `DROP TRIGGER IF EXISTS test_fail_event ON buzz.events;
+					DROP FUNCTION IF EXISTS public.test_fail_event()`)
+			}
+			t.Cleanup(cleanup)
+
+			// LISTEN first: a notification committed from here on reaches this session.
+			l := e.session("i1-listen")
+			if _, err := l.Conn.Exec(ctx, `LISTEN buzz_visibility`); err != nil {
+				t.Fatal(err)
+			}
+
+			ok, msg, err := store.Accept(ctx, e.pool, m)
+			if err == nil || ok || !strings.Contains(err.Error(), "event insert failed (test)") {
+				t.Fatalf("accept must fail when the event insert fails: ok=%v msg=%q err=%v", ok, msg, err)
+			}
+			if n := e.storedCount(m.ID); n != 0 {
+				t.Fatalf("the message was stored %d times although its insert failed", n)
+			}
+			if !e.hidden(b, ch) {
+				t.Fatal("I1 broken: the hide was cleared although the message was not stored")
+			}
+			if state, outbox := e.visibilityRows(b); state != stateBefore || outbox != outboxBefore {
+				t.Fatalf("I1 broken: the visibility state or outbox changed although the message was not stored:\n"+
+					"state  before %s\n       after  %s\noutbox before %s\n       after  %s", stateBefore, state, outboxBefore, outbox)
+			}
+			e.assertAgree(b, 1)
+			// No notification: a barrier NOTIFY committed now is delivered after anything the
+			// failed acceptance committed (notifications arrive in commit order), so it must be
+			// the first one this session receives.
+			if _, err := e.pool.Exec(ctx, `SELECT pg_notify('buzz_visibility', 'barrier')`); err != nil {
+				t.Fatal(err)
+			}
+			wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			n, nerr := l.Conn.WaitForNotification(wctx)
+			if nerr != nil {
+				t.Fatalf("waiting for the barrier notification: %v", nerr)
+			}
+			if n.Payload != "barrier" {
+				t.Fatalf("I1 broken: a notification (%q on %s) was committed by the failed acceptance", n.Payload, n.Channel)
+			}
+
+			// The case is the one it claims to be: what the failing transaction had done to b.
+			if !strings.Contains(err.Error(), "b hidden: "+tc.inFlight) {
+				t.Fatalf("inside the failing transaction b's state was not %q: %v", tc.inFlight, err)
+			}
+
+			// Once the insert works, the same event is accepted and resurfaces the DM.
+			cleanup()
+			if ok, msg := e.accept(m); !ok || msg != "" {
+				t.Fatalf("resend: %v %q", ok, msg)
+			}
+			if n := e.storedCount(m.ID); n != 1 || e.hidden(b, ch) {
+				t.Fatalf("after resend: stored %d, hidden %v", n, e.hidden(b, ch))
+			}
+			e.assertAgree(b, 2)
+		})
 	}
 }
