@@ -147,7 +147,7 @@ func TestAcceptEventInsertFailureKeepsTheHide(t *testing.T) {
 
 			// LISTEN first: a notification committed from here on reaches this session.
 			l := e.session("i1-listen")
-			if _, err := l.Conn.Exec(ctx, `LISTEN buzz_visibility`); err != nil {
+			if _, err := l.Conn.Exec(ctx, `LISTEN buzz_visibility; LISTEN i1_test_barrier`); err != nil {
 				t.Fatal(err)
 			}
 
@@ -166,10 +166,11 @@ func TestAcceptEventInsertFailureKeepsTheHide(t *testing.T) {
 					"state  before %s\n       after  %s\noutbox before %s\n       after  %s", stateBefore, state, outboxBefore, outbox)
 			}
 			e.assertAgree(b, 1)
-			// No notification: a barrier NOTIFY committed now is delivered after anything the
-			// failed acceptance committed (notifications arrive in commit order), so it must be
-			// the first one this session receives.
-			if _, err := e.pool.Exec(ctx, `SELECT pg_notify('buzz_visibility', 'barrier')`); err != nil {
+			// No notification: a barrier NOTIFY (on a channel of its own, which wakes no
+			// listener) committed now is delivered after anything the failed acceptance
+			// committed (notifications arrive in commit order), so it must be the first one
+			// this session receives.
+			if _, err := e.pool.Exec(ctx, `SELECT pg_notify('i1_test_barrier', 'barrier')`); err != nil {
 				t.Fatal(err)
 			}
 			wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
