@@ -69,6 +69,25 @@ func syncNone(t *testing.T, c *client, sub string) {
 	}
 }
 
+// countNone checks that a COUNT of filter f counts nothing for c: 0, or closed with restricted:
+// (PROTOCOL.md: a filter that can only match rows the connection may not read is closed).
+func countNone(t *testing.T, c *client, what string, f nostr.Filter) {
+	t.Helper()
+	n, closed := c.count("cnt-"+nonce(), f)
+	if closed == "" && n == 0 || strings.HasPrefix(closed, "restricted:") {
+		return
+	}
+	t.Fatalf("%s: COUNT %d (closed %q), want 0 or restricted:", what, n, closed)
+}
+
+// countIs checks that a COUNT of f answers n.
+func countIs(t *testing.T, c *client, what string, want int64, f nostr.Filter) {
+	t.Helper()
+	if n, closed := c.count("cnt-"+nonce(), f); n != want || closed != "" {
+		t.Fatalf("%s: COUNT %d (closed %q), want %d", what, n, closed, want)
+	}
+}
+
 // TestReadGates checks REQ, COUNT and live delivery for every gate class with a member, a
 // non-member and an unauthenticated connection (I7).
 func TestReadGates(t *testing.T) {
@@ -98,6 +117,17 @@ func TestReadGates(t *testing.T) {
 		if n, _ := b.c.count("h1c", f); n != 1 {
 			t.Fatalf("member COUNT = %d", n)
 		}
+		countNone(t, other.c, "non-member COUNT by #h", f)
+		// With the non-member's own DM beside it, the filter can match readable rows, so it is
+		// answered (not closed) and the read gate inside the SQL alone keeps the message out.
+		_, peer := testenv.NewKey()
+		own := openDM(t, other, peer)
+		ownMsg := signed(other.sk, 9, "mine", nostr.Now(), nostr.Tag{"h", own})
+		other.c.mustPublish(ownMsg)
+		both := nostr.Filter{Tags: nostr.TagMap{"h": {ch, own}}, Kinds: []int{9}}
+		sameIDs(t, "non-member, #h with a DM of its own", other.c.req("h1o", both), ownMsg)
+		countIs(t, other.c, "non-member COUNT, #h with a DM of its own", 1, both)
+		countIs(t, b.c, "member COUNT, #h with someone else's DM", 1, both)
 	})
 
 	t.Run("DM message by author is silently omitted", func(t *testing.T) {
@@ -111,13 +141,18 @@ func TestReadGates(t *testing.T) {
 		if n, _ := anon.c.count("h2c", f); n != 0 {
 			t.Fatalf("anonymous COUNT = %d", n)
 		}
+		countNone(t, other.c, "non-member COUNT by author", f)
+		countIs(t, b.c, "member COUNT by author", 1, f)
 		sameIDs(t, "member", b.c.req("h2b", f), msg)
 	})
 
 	t.Run("live DM delivery", func(t *testing.T) {
 		f := nostr.Filter{Authors: []string{a.pk}, Kinds: []int{9}}
-		for _, p := range []party{b, other, anon} {
-			p.c.req("live", f)
+		sameIDs(t, "member's initial answer", b.c.req("live", f), msg)
+		for _, p := range []party{other, anon} {
+			if got := p.c.req("live", f); len(got) != 0 {
+				t.Fatalf("a non-member's initial answer has %d events", len(got))
+			}
 		}
 		m2 := signed(a.sk, 9, "again", nostr.Now(), nostr.Tag{"h", ch})
 		tr.s.Deliver(evt.Delivery{Event: &m2, Scope: scopeC})
@@ -189,9 +224,16 @@ func TestReadGates(t *testing.T) {
 		if _, closed := a.c.reqOrClosed("snap", nostr.Filter{Kinds: []int{30622}, Tags: nostr.TagMap{"p": {b.pk}}}); !strings.HasPrefix(closed, "restricted:") {
 			t.Fatalf("someone else: %q", closed)
 		}
-		// Live: only the viewer's connection gets it.
-		b.c.req("snaplive", nostr.Filter{Kinds: []int{30622}})
-		a.c.req("snaplive", nostr.Filter{Kinds: []int{30622}})
+		// COUNT: the viewer counts its own; someone else counts none, whatever #p says.
+		countNone(t, a.c, "non-viewer COUNT", nostr.Filter{Kinds: []int{30622}})
+		countNone(t, a.c, "non-viewer COUNT by #p", nostr.Filter{Kinds: []int{30622}, Tags: nostr.TagMap{"p": {b.pk}}})
+		countIs(t, b.c, "viewer COUNT", 1, nostr.Filter{Kinds: []int{30622}})
+		// Live: only the viewer's connection gets it. The initial answers hold only what each
+		// reader may read: the viewer's own snapshot, nothing for someone else.
+		if got := a.c.req("snaplive", nostr.Filter{Kinds: []int{30622}}); len(got) != 0 {
+			t.Fatalf("a non-viewer's initial answer has %d snapshots (first for %v)", len(got), got[0].Tags.GetFirst([]string{"p"}))
+		}
+		sameIDs(t, "viewer's initial answer", b.c.req("snaplive", nostr.Filter{Kinds: []int{30622}}), snapV)
 		next := signed(tr.relay, 30622, "", nostr.Now()+1, nostr.Tag{"d", b.pk}, nostr.Tag{"p", b.pk})
 		tr.s.Deliver(evt.Delivery{Event: &next, Scope: evt.Scope{Kind: evt.ScopeP, P: b.pk}})
 		if ev := b.c.nextEvent("snaplive"); ev.ID != next.ID {
@@ -211,9 +253,17 @@ func TestReadGates(t *testing.T) {
 		if _, closed := b.c.reqOrClosed("rem", nostr.Filter{Kinds: []int{30300}, Authors: []string{a.pk}}); !strings.HasPrefix(closed, "restricted:") {
 			t.Fatalf("other: %q", closed)
 		}
+		countNone(t, b.c, "non-author COUNT", f)
+		countNone(t, b.c, "non-author COUNT by author", nostr.Filter{Kinds: []int{30300}, Authors: []string{a.pk}})
+		countIs(t, a.c, "author COUNT", 1, f)
 		// Due signal: re-sent although already seen, ignoring since/until; once per (id, stamp).
-		a.c.req("due", nostr.Filter{Kinds: []int{30300}, Since: ts(int64(nostr.Now()) + 3600)})
-		b.c.req("due", nostr.Filter{Kinds: []int{30300}})
+		// The initial answers: nothing stored after the hour ahead; nothing of a's for b.
+		if got := a.c.req("due", nostr.Filter{Kinds: []int{30300}, Since: ts(int64(nostr.Now()) + 3600)}); len(got) != 0 {
+			t.Fatalf("author's initial answer (since an hour ahead) has %d reminders", len(got))
+		}
+		if got := b.c.req("due", nostr.Filter{Kinds: []int{30300}}); len(got) != 0 {
+			t.Fatalf("a non-author's initial answer has %d reminders (first by %.8s)", len(got), got[0].PubKey)
+		}
 		scope := evt.Scope{Kind: evt.ScopeAuthor}
 		tr.s.Deliver(evt.Delivery{Event: &rem, Scope: scope, Due: true, Stamp: 7})
 		tr.s.Deliver(evt.Delivery{Event: &rem, Scope: scope, Due: true, Stamp: 7})
@@ -254,10 +304,20 @@ func TestReadGates(t *testing.T) {
 	})
 
 	t.Run("deliveries to nobody's filters", func(t *testing.T) {
-		// An event nobody subscribed to goes nowhere (and Deliver does not fail).
+		// A public event no subscription's filter matches goes nowhere (and Deliver does not
+		// fail); the same subscription does get a matching one, so it was live all along.
+		if got := b.c.req("nobody", nostr.Filter{Kinds: []int{1}, Authors: []string{a.pk}}); len(got) != 0 {
+			t.Fatalf("initial answer: %d events, want none (a stored no kind 1)", len(got))
+		}
 		x := signed(other.sk, 1, "x", nostr.Now())
 		tr.s.Deliver(publicDelivery(&x))
-		syncNone(t, b.c, "live")
+		syncNone(t, b.c, "nobody")
+		y := signed(a.sk, 1, "y", nostr.Now())
+		tr.s.Deliver(publicDelivery(&y))
+		if got := b.c.nextEvent("nobody"); got.ID != y.ID {
+			t.Fatalf("the subscription got %s, want %s", got.ID, y.ID)
+		}
+		b.c.sendJSON("CLOSE", "nobody")
 	})
 }
 
