@@ -41,6 +41,19 @@ func TestFanoutSurvivesPostgresCrashRestart(t *testing.T) {
 			}
 		}
 	})
+	// Pin the slot's restart point before the events: a transaction that has written something
+	// stays open until the crash, so no restart point past its first change can be confirmed, and
+	// the slot is not saved to disk again (the confirmed position alone is kept in memory only).
+	// Without it a standby snapshot logged just after the events (the background writer's, every
+	// 15 s) could let the slot be saved with everything confirmed, and nothing would be resent.
+	pin := testenv.NewSession(t, cl.MigratedURL(t), "restart-pin")
+	if _, err := pin.Conn.Exec(ctx, `CREATE TABLE public.restart_pin (x int)`); err != nil {
+		t.Fatal(err)
+	}
+	pin.Begin()
+	if _, err := pin.Conn.Exec(ctx, `INSERT INTO public.restart_pin VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
 	var keys []string
 	for i := 0; i < 200; i++ {
 		ev := fanSigned(1, "before crash", nil)
