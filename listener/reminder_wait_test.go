@@ -1,7 +1,6 @@
 package listener
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
@@ -73,7 +72,7 @@ func TestSchedulerStopDuringConfirmLetsItFinish(t *testing.T) {
 	blk := blockClaims(t, e.pool, "buzz.reminders", "NEW.state = 'confirmed' AND OLD.state = 'claimed'")
 	ev := e.store(time.Now().Unix() - 1)
 
-	var logs syncBuffer
+	var logs fanLogBuf
 	s := NewScheduler(SchedulerConfig{InstanceID: "stopping", DatabaseURL: e.url, Lease: time.Hour,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))}, e.pool)
 	cancel, stopped := runStoppable(t, s.Run) // its first batch claims the due reminder, confirm blocks
@@ -135,21 +134,4 @@ func TestSchedulerListenBackoffStartsOverAfterAHealthyConnection(t *testing.T) {
 			t.Fatalf("reconnect waits %v, want 100ms each (every lost connection had been listening)", waits)
 		}
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }

@@ -17,29 +17,7 @@ import (
 // wait (in a BEFORE row trigger) until release is called. Like pauseDeleteOf, for the insert.
 func pauseInsertOf(t *testing.T, url, id, session string) (release func()) {
 	t.Helper()
-	ctx := context.Background()
-	if _, err := testenv.Pool(t, url).Exec(ctx, `
-		CREATE FUNCTION public.pause_insert() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-		  IF current_setting('application_name') = 'buzzpg-test-`+session+`' THEN
-		    PERFORM pg_advisory_lock(4243);
-		    PERFORM pg_advisory_unlock(4243);
-		  END IF;
-		  RETURN NEW;
-		END $$;
-		CREATE TRIGGER pause_insert BEFORE INSERT ON buzz.events
-		  FOR EACH ROW WHEN (NEW.id = '`+id+`') EXECUTE FUNCTION public.pause_insert();`); err != nil {
-		t.Fatal(err)
-	}
-	holder := testenv.NewSession(t, url, "pause-holder")
-	if _, err := holder.Conn.Exec(ctx, `SELECT pg_advisory_lock(4243)`); err != nil {
-		t.Fatal(err)
-	}
-	return func() {
-		if _, err := holder.Conn.Exec(ctx, `SELECT pg_advisory_unlock(4243)`); err != nil {
-			t.Fatal(err)
-		}
-	}
+	return pauseRows(t, url, "pause_insert", "BEFORE INSERT", "buzz.events", "NEW.id = '"+id+"'", session)
 }
 
 // deletionSortedAfter signs deletions by author naming the given events (plus a nonce tag) until

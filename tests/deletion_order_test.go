@@ -2,6 +2,8 @@ package tests
 
 import (
 	"context"
+	"hash/crc32"
+	"strconv"
 	"testing"
 
 	"github.com/nbd-wtf/go-nostr"
@@ -13,33 +15,49 @@ import (
 // with a trigger, lets the other run until it waits, releases the first, and checks that no
 // deadlock (40P01) broke the two apart.
 
+// pauseRows makes a row trigger on table ("BEFORE DELETE", "AFTER INSERT" ... as timing says),
+// for the rows cond holds for (a WHEN condition; "true" for all), wait until release is called
+// when the session named session runs the statement. The trigger waits on an advisory lock a
+// holder session keeps; name names the trigger and its function, and each pause of one test
+// takes a name of its own (and so a lock of its own).
+func pauseRows(t *testing.T, url, name, timing, table, cond, session string) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	key := int64(4200 + crc32.ChecksumIEEE([]byte(name))%1000)
+	if _, err := testenv.Pool(t, url).Exec(ctx, `
+		CREATE FUNCTION public.`+name+`() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+		  IF current_setting('application_name') = 'buzzpg-test-`+session+`' THEN
+		    PERFORM pg_advisory_lock(`+strconv.FormatInt(key, 10)+`);
+		    PERFORM pg_advisory_unlock(`+strconv.FormatInt(key, 10)+`);
+		  END IF;
+		  IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;
+		  RETURN NEW;
+		END $$;
+		CREATE TRIGGER `+name+` `+timing+` ON `+table+`
+		  FOR EACH ROW WHEN (`+cond+`) EXECUTE FUNCTION public.`+name+`();`); err != nil {
+		t.Fatal(err)
+	}
+	holder := testenv.NewSession(t, url, name+"-holder")
+	if _, err := holder.Conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, key); err != nil {
+		t.Fatal(err)
+	}
+	released := false
+	return func() {
+		if !released {
+			released = true
+			if _, err := holder.Conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, key); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+}
+
 // pauseDeleteOf makes a DELETE of event id, run by the session named session, wait (in a row
 // trigger, BEFORE or AFTER as when says) until release is called.
 func pauseDeleteOf(t *testing.T, url, id, when, session string) (release func()) {
 	t.Helper()
-	ctx := context.Background()
-	if _, err := testenv.Pool(t, url).Exec(ctx, `
-		CREATE FUNCTION public.pause_delete() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-		  IF current_setting('application_name') = 'buzzpg-test-`+session+`' THEN
-		    PERFORM pg_advisory_lock(4242);
-		    PERFORM pg_advisory_unlock(4242);
-		  END IF;
-		  RETURN OLD;
-		END $$;
-		CREATE TRIGGER pause_delete `+when+` DELETE ON buzz.events
-		  FOR EACH ROW WHEN (OLD.id = '`+id+`') EXECUTE FUNCTION public.pause_delete();`); err != nil {
-		t.Fatal(err)
-	}
-	holder := testenv.NewSession(t, url, "pause-holder")
-	if _, err := holder.Conn.Exec(ctx, `SELECT pg_advisory_lock(4242)`); err != nil {
-		t.Fatal(err)
-	}
-	return func() {
-		if _, err := holder.Conn.Exec(ctx, `SELECT pg_advisory_unlock(4242)`); err != nil {
-			t.Fatal(err)
-		}
-	}
+	return pauseRows(t, url, "pause_delete", when+" DELETE", "buzz.events", "OLD.id = '"+id+"'", session)
 }
 
 // pausedThenWaiting accepts first in a session named firstName until it is paused (pauseDeleteOf),

@@ -89,33 +89,7 @@ func lockInterleave(t *testing.T, pool *pgxpool.Pool, first, second lockStep, re
 // session wait (in a BEFORE trigger, so holding that row's lock) until release is called.
 func pauseReminderUpdatesBy(t *testing.T, url, session string) (release func()) {
 	t.Helper()
-	ctx := context.Background()
-	if _, err := testenv.Pool(t, url).Exec(ctx, `
-		CREATE FUNCTION public.pause_reminder_update() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-		  IF current_setting('application_name') = 'buzzpg-test-`+session+`' THEN
-		    PERFORM pg_advisory_lock(4243);
-		    PERFORM pg_advisory_unlock(4243);
-		  END IF;
-		  RETURN NEW;
-		END $$;
-		CREATE TRIGGER pause_reminder_update BEFORE UPDATE ON buzz.reminders
-		  FOR EACH ROW EXECUTE FUNCTION public.pause_reminder_update();`); err != nil {
-		t.Fatal(err)
-	}
-	holder := testenv.NewSession(t, url, "pause-holder")
-	if _, err := holder.Conn.Exec(ctx, `SELECT pg_advisory_lock(4243)`); err != nil {
-		t.Fatal(err)
-	}
-	released := false
-	return func() {
-		if !released {
-			released = true
-			if _, err := holder.Conn.Exec(ctx, `SELECT pg_advisory_unlock(4243)`); err != nil {
-				t.Error(err)
-			}
-		}
-	}
+	return pauseRows(t, url, "pause_reminder_update", "BEFORE UPDATE", "buzz.reminders", "true", session)
 }
 
 // lockPair is two due reminders of one author, claimed: lo has the lower id. A deletion names hi
