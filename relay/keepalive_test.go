@@ -3,7 +3,6 @@ package relay
 import (
 	"context"
 	"encoding/json"
-	"net"
 	"testing"
 	"time"
 
@@ -43,20 +42,7 @@ func TestSlowSteadyReaderKeepsItsConnectionThroughALongAnswer(t *testing.T) {
 	const rows, size = 600, 4000 // ~2.5 MB: about three seconds at the client's pace below
 	storeBigRows(t, tr, pk, rows, size)
 
-	ws := tr.dialSmallBuffer(t)
-	c := &client{t: t, ws: ws}
-	c.expect("AUTH")
-	// A small send buffer on the relay's side too, so the answer cannot sit in kernel buffers:
-	// the relay's writer moves only as fast as the client reads.
-	var newest *conn
-	for _, sc := range tr.s.snapshotConns() {
-		if newest == nil || sc.id > newest.id {
-			newest = sc
-		}
-	}
-	if err := newest.ws.NetConn().(*net.TCPConn).SetWriteBuffer(4096); err != nil {
-		t.Fatal(err)
-	}
+	c, ws := tr.dialThrottled(t)
 	pings := 0
 	ws.SetPingHandler(func(data string) error { // what gorilla does by default, counted
 		pings++

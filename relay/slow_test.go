@@ -40,6 +40,26 @@ func (tr *testRelay) dialSmallBuffer(t *testing.T) *websocket.Conn {
 	return ws
 }
 
+// dialThrottled dials like dialSmallBuffer and gives the relay's side of the connection a small
+// send buffer too (no autotuning), so an answer cannot sit in kernel buffers: the relay's writer
+// moves only as fast as the client reads. It reads the AUTH challenge.
+func (tr *testRelay) dialThrottled(t *testing.T) (*client, *websocket.Conn) {
+	t.Helper()
+	ws := tr.dialSmallBuffer(t)
+	c := &client{t: t, ws: ws}
+	c.expect("AUTH")
+	var newest *conn
+	for _, sc := range tr.s.snapshotConns() {
+		if newest == nil || sc.id > newest.id {
+			newest = sc
+		}
+	}
+	if err := newest.ws.NetConn().(*net.TCPConn).SetWriteBuffer(4096); err != nil {
+		t.Fatal(err)
+	}
+	return c, ws
+}
+
 // TestSlowReaderClosed: a subscriber that never reads is closed when its send queue overflows,
 // while Deliver never blocks and another subscriber receives every event.
 func TestSlowReaderClosed(t *testing.T) {
@@ -194,20 +214,7 @@ func TestClientPingsDoNotCutABlockedWrite(t *testing.T) {
 		want = append([]nostr.Event{ev}, want...)
 	}
 
-	ws := tr.dialSmallBuffer(t)
-	c := &client{t: t, ws: ws}
-	c.expect("AUTH")
-	// A small send buffer on the relay's side too (no autotuning), so the answer cannot sit in
-	// kernel buffers: the relay's writer blocks until the client reads.
-	var newest *conn
-	for _, sc := range tr.s.snapshotConns() {
-		if newest == nil || sc.id > newest.id {
-			newest = sc
-		}
-	}
-	if err := newest.ws.NetConn().(*net.TCPConn).SetWriteBuffer(4096); err != nil {
-		t.Fatal(err)
-	}
+	c, ws := tr.dialThrottled(t)
 	c.sendJSON("REQ", "big", nostr.Filter{Authors: []string{pk}})
 	// Read nothing for 3 s (the scenario: a slow link) while pinging every 100 ms, as clients
 	// with keep-alives do; the relay's writer is blocked on the full socket meanwhile.
