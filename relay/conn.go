@@ -213,13 +213,17 @@ func (c *conn) writeLoop() {
 					c.kill("write: " + err.Error())
 					return
 				}
-				// The whole batch left: the client is taking what it is sent, so it is alive.
-				// The read deadline is there to find dead clients (pongWait), and a long answer
-				// to a slow reader (which only answers pings, as browsers do) can take longer
-				// than that while its pong waits behind the data queued in the kernel. A
-				// client that stops reading is still found: the next write blocks, and
-				// writeWait ends it.
-				_ = c.ws.SetReadDeadline(timeNow().Add(c.s.readWait))
+				// A full batch left while more is queued: a backlog (a long answer, a flood) is
+				// draining, so the client is reading. The read deadline is there to find dead
+				// clients (pongWait), and a backlog to a slow reader (which only answers pings, as
+				// browsers do) can take longer than that while its pong waits behind the data in
+				// the kernel. A client that stops reading is still found: the kernel buffers fill,
+				// the next write blocks, and writeWait ends it. A write that emptied the queue
+				// proves nothing (the kernel took a few events for a peer that may be gone), so it
+				// does not renew: trickling events must not keep a silent connection for good.
+				if !c.q.empty() {
+					_ = c.ws.SetReadDeadline(timeNow().Add(c.s.readWait))
+				}
 				// A client's ping is answered, and the relay's own keepalive ping sent when
 				// due, between batches, not after the queue runs dry (a steady stream to a
 				// slow reader, or an answer the query keeps refilling, may never let it).

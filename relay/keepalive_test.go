@@ -91,3 +91,31 @@ func TestSlowSteadyReaderKeepsItsConnectionThroughALongAnswer(t *testing.T) {
 	default:
 	}
 }
+
+// A client that stopped reading (a hung app, a phone gone without a reset) and never answers a
+// ping is still closed at the read deadline although live events trickle to it: each small write
+// only fills kernel buffers, proves nothing, and must not renew the deadline.
+func TestSilentClientIsClosedThoughEventsTrickleToIt(t *testing.T) {
+	tr := startRelay(t, nil)
+	tr.s.readWait = 500 * time.Millisecond
+	tr.s.pingEvery = 100 * time.Millisecond
+	sk, pk := testenv.NewKey()
+	c := tr.dial(t)
+	c.sendJSON("REQ", "trickle", nostr.Filter{Authors: []string{pk}, Limit: 0, LimitZero: true})
+	// From here on the client reads nothing, so it answers no ping either.
+	deadline := time.Now().Add(10 * time.Second)
+	base := int64(nostr.Now())
+	for i := 0; time.Now().Before(deadline); i++ {
+		ev := signed(sk, 1, "trickle", nostr.Timestamp(base+int64(i)))
+		tr.s.Deliver(publicDelivery(&ev))
+		select {
+		case cc := <-tr.closed:
+			if i == 0 {
+				t.Fatalf("closed before any event: %s", cc.reason)
+			}
+			return // closed at the read deadline, as a silent client should be
+		case <-time.After(50 * time.Millisecond): // the trickle's pace, not an ordering
+		}
+	}
+	t.Fatal("a client that read nothing and answered no ping for 10 s (read deadline 500 ms) is still connected")
+}

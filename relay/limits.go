@@ -78,7 +78,7 @@ const (
 	acceptTimeout      = 15 * time.Second
 	writeWait          = 10 * time.Second // one frame must leave within this, or the peer is dead/stuck
 	writeBatch         = 256 << 10        // bytes written per deadline: a reader slower than 25.6 KB/s is stuck
-	pongWait           = 75 * time.Second // read deadline, renewed by any frame from the client and by each write batch it takes
+	pongWait           = 75 * time.Second // read deadline, renewed by any frame from the client and by each full write batch it takes while more is queued
 	pingPeriod         = 30 * time.Second
 	slowCloseGrace     = 2 * time.Second // after a send-queue overflow, how long the NOTICE + close frame may take
 	seenPerSub         = 4096            // live de-dup ids remembered per subscription (FIFO)
