@@ -56,6 +56,10 @@ type Scheduler struct {
 	done     chan struct{}
 	closed   bool
 
+	// listenStable is how long a LISTEN connection must have lasted for its loss to restart the
+	// reconnect back-off (a variable for tests).
+	listenStable time.Duration
+
 	// For tests: each wait the loop is about to sleep (after the wake-up query), and each wait
 	// before a LISTEN reconnect.
 	onWait, onListenWait func(time.Duration)
@@ -93,6 +97,8 @@ func NewScheduler(cfg SchedulerConfig, pool *pgxpool.Pool) *Scheduler {
 		log:      cfg.Logger.With("component", "reminders"),
 		wake:     make(chan struct{}, 1),
 		inflight: map[string]int64{},
+
+		listenStable: 5 * time.Second,
 	}
 }
 
@@ -148,7 +154,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 			s.log.Warn("reminder next wake-up query failed", "err", err)
 			wait = s.cfg.MinInterval
 		}
-		if n == 0 && due && err == nil {
+		if n == 0 && due && err == nil && !s.expiredDue(ctx) {
 			overdue++
 		} else {
 			overdue = 0
@@ -182,6 +188,17 @@ func (s *Scheduler) Close(ctx context.Context) error {
 
 // overduePollMax caps the wait between re-checks of due work that claims keep skipping.
 const overduePollMax = time.Second
+
+// expiredDue reports whether due armed rows whose NIP-40 expiration has passed remain: a claim
+// cancels those instead of returning them, so an empty claim was progress through such a backlog
+// (after an outage, say), not a skipped row, and the loop must not back off behind it. An error
+// reads as no (the back-off then only delays by up to overduePollMax).
+func (s *Scheduler) expiredDue(ctx context.Context) bool {
+	var found bool
+	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM buzz.reminders
+		WHERE state = 'armed' AND not_before <= extract(epoch FROM now()) AND expires_at <= extract(epoch FROM now()))`).Scan(&found)
+	return err == nil && found
+}
 
 // nextWait asks the database how long to sleep: until the earliest armed not_before or the
 // earliest lease expiry, capped by MaxSleep and floored by floor (at least MinInterval). due

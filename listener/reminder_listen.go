@@ -16,15 +16,16 @@ func (s *Scheduler) listenLoop(ctx context.Context) {
 	const firstWait = 100 * time.Millisecond
 	wait := firstWait
 	for ctx.Err() == nil {
-		listened, err := s.listenOnce(ctx)
+		listenedAt, err := s.listenOnce(ctx)
 		s.listening.Store(false)
 		if ctx.Err() != nil {
 			return
 		}
-		if listened {
-			// A connection that got as far as LISTEN was healthy: back off from the start again,
+		if !listenedAt.IsZero() && time.Since(listenedAt) >= s.listenStable {
+			// A connection that listened for a while was healthy: back off from the start again,
 			// or after a few blips over a long life every reconnect would wait the full 5 s, and
-			// notifications sent meanwhile are lost.
+			// notifications sent meanwhile are lost. One cut right after LISTEN (a proxy, an
+			// idle_session_timeout) keeps backing off instead of reconnecting 10 times a second.
 			wait = firstWait
 		}
 		s.log.Warn("reminder LISTEN connection lost; reconnecting", "err", err, "in", wait)
@@ -40,13 +41,14 @@ func (s *Scheduler) listenLoop(ctx context.Context) {
 	}
 }
 
-// listenOnce LISTENs until the connection fails; listened reports whether it got as far as LISTEN.
-func (s *Scheduler) listenOnce(ctx context.Context) (listened bool, err error) {
+// listenOnce LISTENs until the connection fails; listenedAt is when LISTEN succeeded (zero if it
+// never did).
+func (s *Scheduler) listenOnce(ctx context.Context) (listenedAt time.Time, err error) {
 	var cfg *pgx.ConnConfig
 	if s.cfg.DatabaseURL != "" {
 		c, err := pgx.ParseConfig(s.cfg.DatabaseURL)
 		if err != nil {
-			return false, err
+			return time.Time{}, err
 		}
 		cfg = c
 	} else {
@@ -55,18 +57,19 @@ func (s *Scheduler) listenOnce(ctx context.Context) (listened bool, err error) {
 	cfg.RuntimeParams["application_name"] = "buzzpg-reminders:" + s.cfg.InstanceID
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return false, err
+		return time.Time{}, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	if _, err := conn.Exec(ctx, `LISTEN buzz_reminders`); err != nil {
-		return false, err
+		return time.Time{}, err
 	}
+	listenedAt = time.Now()
 	s.listening.Store(true)
 	s.nudge()
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
-			return true, err
+			return listenedAt, err
 		}
 		nb, perr := strconv.ParseInt(n.Payload, 10, 64)
 		planned := s.plannedWake.Load()

@@ -3,6 +3,7 @@ package listener
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -102,11 +103,25 @@ func TestSchedulerStopDuringConfirmLetsItFinish(t *testing.T) {
 // LISTEN: otherwise after a few blips over a long life every reconnect waits the full 5 s, and
 // the notifications sent meanwhile are lost.
 func TestSchedulerListenBackoffStartsOverAfterAHealthyConnection(t *testing.T) {
+	// "Healthy" is a connection that lasted listenStable: zero here (every connection counts),
+	// an hour in the second half (none does, so the waits grow).
+	if got := listenWaits(t, 0); !slices.Equal(got, []time.Duration{100 * time.Millisecond, 100 * time.Millisecond, 100 * time.Millisecond}) {
+		t.Fatalf("reconnect waits %v after connections that lasted long enough, want 100ms each", got)
+	}
+	if got := listenWaits(t, time.Hour); !slices.Equal(got, []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond}) {
+		t.Fatalf("reconnect waits %v after connections cut right after LISTEN, want them to double", got)
+	}
+}
+
+// listenWaits cuts a scheduler's LISTEN connection three times, each once it is up, and returns
+// the reconnect waits, with listenStable set to stable.
+func listenWaits(t *testing.T, stable time.Duration) []time.Duration {
 	e := newRemEnv(t)
 	var mu sync.Mutex
 	var waits []time.Duration
 	s := NewScheduler(SchedulerConfig{InstanceID: "blips", DatabaseURL: e.url,
 		Logger: slog.New(slog.NewTextHandler(remTLog{t}, nil))}, e.pool)
+	s.listenStable = stable
 	s.onListenWait = func(d time.Duration) {
 		mu.Lock()
 		waits = append(waits, d)
@@ -126,12 +141,47 @@ func TestSchedulerListenBackoffStartsOverAfterAHealthyConnection(t *testing.T) {
 	testenv.WaitUntil(t, 10*time.Second, "LISTEN up again", s.listening.Load)
 	mu.Lock()
 	defer mu.Unlock()
-	if len(waits) != 3 {
-		t.Fatalf("reconnect waits %v, want three", waits)
+	return append([]time.Duration(nil), waits...)
+}
+
+// An empty claim while expired reminders are due is progress, not a skipped row: the claim cancels
+// them (NIP-40) instead of returning them. After an outage a backlog of them must not make the
+// loop back off, or the valid reminders behind it fire up to a second per batch late.
+func TestSchedulerDoesNotBackOffWhileCancellingExpiredReminders(t *testing.T) {
+	e := newRemEnv(t)
+	now := time.Now().Unix()
+	var expired []string
+	for i := 0; i < 30; i++ {
+		expired = append(expired, e.store(now-10).ID)
 	}
+	if _, err := e.pool.Exec(context.Background(), `UPDATE buzz.reminders SET expires_at = $2 WHERE id = ANY ($1)`, expired, now-1); err != nil {
+		t.Fatal(err)
+	}
+	valid := e.store(now - 1) // due after the expired ones (claims take the oldest not_before first)
+
+	var mu sync.Mutex
+	var waits []time.Duration
+	s := NewScheduler(SchedulerConfig{InstanceID: "expired", DatabaseURL: e.url, BatchSize: 10,
+		MinInterval: 10 * time.Millisecond, MaxSleep: time.Hour,
+		Logger: slog.New(slog.NewTextHandler(remTLog{t}, nil))}, e.pool)
+	s.onWait = func(d time.Duration) {
+		mu.Lock()
+		waits = append(waits, d)
+		mu.Unlock()
+	}
+	_, stopped := runStoppable(t, s.Run)
+	defer func() { s.Close(context.Background()); stopped() }()
+	e.waitState(valid.ID, "confirmed", 10*time.Second)
+	for _, id := range expired {
+		if st, _, _ := e.state(id); st != "cancelled" {
+			t.Fatalf("expired reminder %s is %s, want cancelled", id, st)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
 	for _, d := range waits {
-		if d != 100*time.Millisecond {
-			t.Fatalf("reconnect waits %v, want 100ms each (every lost connection had been listening)", waits)
+		if d != s.cfg.MinInterval && d != s.cfg.MaxSleep {
+			t.Fatalf("waits %v: backed off (%v) while claims were cancelling expired reminders", waits, d)
 		}
 	}
 }
