@@ -53,19 +53,20 @@ func serve(cfg serveConfig, log *slog.Logger) (err error) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	// A signal during start-up is the operator stopping the process, not a failure: whatever step
-	// it cut short (waiting for PostgreSQL, for a migration, opening pools) ends with an error that
-	// is no news. Exit 0, as a stop after start-up does; an error that is not the cancellation
-	// itself (a migration that failed as the signal came) is still logged as a warning.
+	// it cut short (waiting for PostgreSQL, for a migration, opening pools) ends with the
+	// cancellation, which is no news. Exit 0, as a stop after start-up does; an error that is not
+	// the cancellation itself (a migration that failed as the signal came) keeps its exit code.
 	serving := false
 	defer func() {
 		if err == nil || serving || ctx.Err() == nil {
 			return
 		}
-		if errors.Is(err, context.Canceled) {
-			log.Info("stopped during start-up", "reason", "signal")
-		} else {
-			log.Warn("stopped during start-up", "reason", "signal", "err", err)
+		if !errors.Is(err, context.Canceled) {
+			// A step that failed on its own as the signal came (a migration that failed,
+			// leaving the version dirty) is still a failure: a deploy tool must see it.
+			return
 		}
+		log.Info("stopped during start-up", "reason", "signal")
 		err = nil
 	}()
 	// After the first signal a second one takes the default action: the operator who sends it
@@ -402,6 +403,14 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("schema: at version %d (dirty: %v), and cannot tell from pg_locks whether a migration is running: %w", version, dirty, err)
 	}
 	if dirty && !running {
+		// The migrator commits (N, clean) and only then gives its lock back: a migration that
+		// ended between our two reads shows as dirty with no lock held. Read again, now that the
+		// lock is seen free, before calling it failed.
+		var v2 int64
+		var d2 bool
+		if err := pool.QueryRow(ctx, `SELECT version, dirty FROM `+db.MigrationsTable+` LIMIT 1`).Scan(&v2, &d2); err == nil && (v2 != version || !d2) {
+			return checkSchema(ctx, pool)
+		}
 		return fmt.Errorf("schema: %s", db.DirtyAdvice(int(version)))
 	}
 	effective := version
