@@ -26,7 +26,9 @@
 -- claims and confirms read events rows (the due signal) without locking them.
 -- The stamp fences are unchanged: the locking subqueries select exactly the rows the fence
 -- accepts (id, stamp, state 'claimed'), re-checked once a lock is granted, and the UPDATEs keep
--- their own fence. A row the fence turns away is neither locked nor waited for, as before.
+-- their own fence. A row the fence turns away when the statement starts is neither locked nor
+-- waited for, as before; one a concurrent transaction is changing is waited for, then dropped by
+-- the re-check.
 
 CREATE OR REPLACE FUNCTION buzz.apply_deletion(author text, del_id text, del_created_at bigint, p_tags jsonb)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -142,7 +144,7 @@ BEGIN
   -- renders the signal of each whose stored version still exists. The rows are locked by the
   -- subquery u, by id (the row order of sql/0023), whatever order the caller passes them in and
   -- the plan visits them: the UPDATE only writes rows u has locked. u selects the rows the fence
-  -- accepts, re-checked once a lock is granted, so a stale pair is neither locked nor waited for.
+  -- accepts, re-checked once a lock is granted, so a pair already stale is neither locked nor waited for.
   -- Items are rendered as json text, not jsonb: aggregating a megabyte of jsonb doubled the cost
   -- of a 1,000-row confirm.
   WITH c AS (
