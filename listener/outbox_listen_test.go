@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
@@ -132,17 +131,7 @@ func TestSnapshotListenBeforeReconnectSweep(t *testing.T) {
 	e := newPubEnv(t)
 	ctx := context.Background()
 	tr := newListenOrderTracer()
-	pcfg, err := pgxpool.ParseConfig(e.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.MaxConns = 12
-	pcfg.ConnConfig.Tracer = tr
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := tracedPool(t, e.url, 12, tr)
 	cfg := PublisherConfig{
 		InstanceID: "order", RelaySecretKey: e.sk, SweepInterval: time.Hour, Lease: 30 * time.Second,
 		BackoffBase: 5 * time.Millisecond, BackoffMax: 50 * time.Millisecond,

@@ -394,3 +394,21 @@ func (e *pubEnv) pausedPublisher(name, viewer string) (p *Publisher, g *gate, do
 	g.wait(e.t)
 	return p, g, ch
 }
+
+// tracedPool is a pool of at most maxConns connections to url whose queries tracer sees (tests
+// that wait for a given statement, or order on one).
+func tracedPool(t *testing.T, url string, maxConns int32, tracer pgx.QueryTracer) *pgxpool.Pool {
+	t.Helper()
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.MaxConns = maxConns
+	pcfg.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
@@ -48,17 +47,7 @@ func TestSnapshotPeriodicSweepFindsLostNotification(t *testing.T) {
 	})
 
 	tr := &claimTracer{}
-	pcfg, err := pgxpool.ParseConfig(e.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.MaxConns = 8
-	pcfg.ConnConfig.Tracer = tr
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := tracedPool(t, e.url, 8, tr)
 	const sweepEvery = 100 * time.Millisecond
 	cfg := PublisherConfig{
 		InstanceID: "sweeper", RelaySecretKey: e.sk, SweepInterval: sweepEvery, Lease: 30 * time.Second,

@@ -98,40 +98,32 @@ func TestDeletionNamingAnInFlightDeletion(t *testing.T) {
 // holds event:X only). Either side pausing first, the other waits holding nothing the first
 // needs: no deadlock either way.
 func TestDeletionSortedAfterItsTargetBesideTheTargetsAcceptance(t *testing.T) {
-	t.Run("acceptance first", func(t *testing.T) {
-		// X pauses at its insert holding event:X; D waits for event:X, then deletes X.
-		url := testenv.FreshDB(t)
-		author := newFanUser()
-		x := author.event(1, "x")
-		d := deletionSortedAfter(author, x, x)
-		release := pauseInsertOf(t, url, x.ID, "acceptance")
-		if errAcc, errDel := pausedThenWaiting(t, url, "acceptance", x, "deletion", d, release); errAcc != nil || errDel != nil {
-			t.Fatalf("acceptance of X: %v; deletion: %v (want both through, no deadlock)", errAcc, errDel)
-		}
-		if stored := storedIDs(t, url, x.ID, d.ID); stored[x.ID] || !stored[d.ID] {
-			t.Fatalf("stored %v: want X deleted and the deletion stored", stored)
-		}
-		if by := tombstoneBy(t, url, x.ID, author.pk); by != d.ID {
-			t.Fatalf("X's tombstone by %q, want %s", by, d.ID)
-		}
-	})
-	t.Run("deletion first", func(t *testing.T) {
-		// D pauses at its insert holding event:X and event:D; X waits for event:X, then finds
-		// its tombstone. (Under 0009 D held only event:D there, and X was stored at once and
-		// deleted when D went on: no deadlock either, but no wait, so this half fails there.)
-		url := testenv.FreshDB(t)
-		author := newFanUser()
-		x := author.event(1, "x")
-		d := deletionSortedAfter(author, x, x)
-		release := pauseInsertOf(t, url, d.ID, "deletion")
-		if errDel, errAcc := pausedThenWaiting(t, url, "deletion", d, "acceptance", x, release); errDel != nil || errAcc != nil {
-			t.Fatalf("deletion: %v; acceptance of X: %v (want both through, no deadlock)", errDel, errAcc)
-		}
-		if stored := storedIDs(t, url, x.ID, d.ID); stored[x.ID] || !stored[d.ID] {
-			t.Fatalf("stored %v: want X refused (deleted) and the deletion stored", stored)
-		}
-		if by := tombstoneBy(t, url, x.ID, author.pk); by != d.ID {
-			t.Fatalf("X's tombstone by %q, want %s", by, d.ID)
-		}
-	})
+	for _, deletionFirst := range []bool{false, true} {
+		// Acceptance first: X pauses at its insert holding event:X; D waits for event:X, then
+		// deletes X. Deletion first: D pauses at its insert holding event:X and event:D; X waits
+		// for event:X, then finds its tombstone. (Under 0009 D held only event:D there, and X was
+		// stored at once and deleted when D went on: no deadlock either, but no wait, so this
+		// half fails there.)
+		name := map[bool]string{false: "acceptance first", true: "deletion first"}[deletionFirst]
+		t.Run(name, func(t *testing.T) {
+			url := testenv.FreshDB(t)
+			author := newFanUser()
+			x := author.event(1, "x")
+			d := deletionSortedAfter(author, x, x)
+			firstName, first, secondName, second := "acceptance", x, "deletion", d
+			if deletionFirst {
+				firstName, first, secondName, second = secondName, second, firstName, first
+			}
+			release := pauseInsertOf(t, url, first.ID, firstName)
+			if err1, err2 := pausedThenWaiting(t, url, firstName, first, secondName, second, release); err1 != nil || err2 != nil {
+				t.Fatalf("%s: %v; %s: %v (want both through, no deadlock)", firstName, err1, secondName, err2)
+			}
+			if stored := storedIDs(t, url, x.ID, d.ID); stored[x.ID] || !stored[d.ID] {
+				t.Fatalf("stored %v: want X deleted (or refused) and the deletion stored", stored)
+			}
+			if by := tombstoneBy(t, url, x.ID, author.pk); by != d.ID {
+				t.Fatalf("X's tombstone by %q, want %s", by, d.ID)
+			}
+		})
+	}
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"testing"
 
-	"github.com/golang-migrate/migrate/v4/database"
-
 	"github.com/buzzpg/buzzpg/internal/db"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
@@ -15,15 +13,7 @@ import (
 func TestMigrationRunningSeesGolangMigratesLock(t *testing.T) {
 	ctx := context.Background()
 	url := testenv.EmptyDB(t)
-	u, err := db.MigrateURL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	drv, err := database.Open(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer drv.Close()
+	drv := testenv.MigrationDriver(t, url)
 	pool := testenv.Pool(t, url)
 	running := func() bool {
 		t.Helper()

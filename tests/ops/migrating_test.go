@@ -10,27 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/golang-migrate/migrate/v4/database"
-
 	"github.com/buzzpg/buzzpg/internal/db"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
-
-// migrationDriver opens golang-migrate's own pgx/v5 driver on url, as `buzzpg migrate` does: its
-// Lock is the advisory lock a real migration holds, its SetVersion the row a real one writes.
-func migrationDriver(t *testing.T, url string) database.Driver {
-	t.Helper()
-	u, err := db.MigrateURL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	drv, err := database.Open(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = drv.Close() })
-	return drv
-}
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
@@ -52,7 +34,7 @@ func TestReadyWhileAMigrationRuns(t *testing.T) {
 	r := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: url, Env: map[string]string{"BUZZ_METRICS_LISTEN": opsAddr}})
 	ops := "http://" + opsAddr
 
-	drv := migrationDriver(t, url)
+	drv := testenv.MigrationDriver(t, url)
 	if err := drv.Lock(); err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +68,7 @@ func TestReadyWhileAMigrationRuns(t *testing.T) {
 func TestStartWaitsForAMigrationInProgress(t *testing.T) {
 	url := testenv.FreshDB(t)
 	latest := int(db.LatestVersion())
-	drv := migrationDriver(t, url)
+	drv := testenv.MigrationDriver(t, url)
 	if err := drv.Lock(); err != nil {
 		t.Fatal(err)
 	}
