@@ -170,8 +170,8 @@ func deletionTargets(ev *nostr.Event) int {
 // p tag (PROTOCOL.md): accept_event gates it on the first, and the closing rule (gateClosure)
 // judges a filter by its #p values. With a second recipient the two would disagree: a filter on
 // the second's key, sent by the first, matches a wrap its sender may read, yet is closed. NIP-59
-// wraps once per recipient, so a wrap naming more than one is refused. (accept_event itself, for
-// psql callers, checks only that there is a first p.)
+// wraps once per recipient, so a wrap naming more than one is refused. accept_event refuses it
+// too, in the same words, for psql callers (0024); one without a p tag only accept_event refuses.
 func recipients(ev *nostr.Event) int {
 	first, n := "", 0
 	for _, t := range ev.Tags {

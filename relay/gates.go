@@ -27,10 +27,10 @@ func gateClosure(cf *compiledFilter, authed []string, sets map[string][]string) 
 				readable = readable || intersects(cf.authors, authed)
 			case slices.Contains(pGatedKinds, k):
 				// Read by the one pubkey in the p tag: a relay-signed snapshot names one viewer,
-				// and a gift wrap naming a second recipient is refused on the relay path
-				// (checkEvent). One stored otherwise (accept_event from psql, or before that
-				// check) is readable by its first p only, so this can only close a filter the
-				// gate would have answered, never serve more than the gate does.
+				// and a gift wrap naming a second recipient is refused (checkEvent; accept_event
+				// from psql since 0024). One stored before those checks is readable by its
+				// first p only, so this can only close a filter the gate would have answered,
+				// never serve more than the gate does.
 				readable = readable || intersects(cf.tag("p"), authed)
 			default:
 				readable = true

@@ -22,7 +22,9 @@ func TestOperatorGenerationWritesRefused(t *testing.T) {
 	ctx := context.Background()
 	relaySK, relayPK := testenv.NewKey()
 	snapExec(t, pool, `UPDATE buzz.config SET value = $1 WHERE key = 'relay_pubkey'`, relayPK)
-	hide := func(viewer, ch string, h bool) { snapExec(t, pool, `SELECT buzz.set_dm_hidden($1, $2::uuid, $3)`, viewer, ch, h) }
+	hide := func(viewer, ch string, h bool) {
+		snapExec(t, pool, `SELECT buzz.set_dm_hidden($1, $2::uuid, $3)`, viewer, ch, h)
+	}
 	publish := func(viewer string) {
 		t.Helper()
 		g, ev := opinSnapshot(t, pool, relaySK, viewer)
@@ -97,7 +99,7 @@ func TestOperatorGenerationWritesRefused(t *testing.T) {
 		// Columns other than the generations and the viewer stay the operator's to write.
 		snapExec(t, pool, `UPDATE buzz.visibility_state SET changed_at = now() WHERE viewer = $1`, v)
 		snapExec(t, pool, `DELETE FROM buzz.visibility_state WHERE viewer = $1`, v) // the reset
-		hide(v, vch, false)                                                            // the next bump starts above 3
+		hide(v, vch, false)                                                         // the next bump starts above 3
 		if g := gens(v); g != [2]int64{4, 3} {
 			t.Fatalf("after a reset and the next bump: %v, want target 4, published 3", g)
 		}
