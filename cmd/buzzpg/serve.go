@@ -119,11 +119,14 @@ func serve(cfg serveConfig, log *slog.Logger) (err error) {
 	if !cfg.NoRelay && cfg.AcceptConnsMin > 0 {
 		warm = append(warm, store.WarmAccept(int32(cfg.AcceptConnsMin)))
 	}
+	// Closed together, within poolCloseGrace, however start-up or shutdown ends.
+	var pools poolSet
+	defer pools.close(log)
 	accept, err := db.NewPool(ctx, cfg.DatabaseURL, "buzzpg-accept:"+cfg.InstanceID, int32(cfg.AcceptConns), warm...)
 	if err != nil {
 		return err
 	}
-	defer closePool("accept", accept, log)
+	pools.add("accept", accept)
 	if err := waitForSchema(ctx, accept, log); err != nil {
 		return err
 	}
@@ -131,26 +134,31 @@ func serve(cfg serveConfig, log *slog.Logger) (err error) {
 	if err != nil {
 		return err
 	}
-	defer closePool("query", query, log)
+	pools.add("query", query)
+	// The publisher (4 workers and its sweep: 5), the scheduler (1) and the fan-out (stream and
+	// heartbeat: 2) share it. At shutdown each gives its claims back or drops its slot only once
+	// its own Run has returned and let go of its connections, so even with the two others stuck
+	// holding theirs, the three release steps running side by side find connections free: they
+	// never wait for one another.
 	lpool, err := db.NewPool(ctx, cfg.DatabaseURL, "buzzpg-listener:"+cfg.InstanceID, 12)
 	if err != nil {
 		return err
 	}
-	defer closePool("listener", lpool, log)
+	pools.add("listener", lpool)
 	// Live delivery's member-set lookups: rare (sets are cached), but the one fan-out goroutine
 	// waits for each, so they do not queue behind client traffic on the acceptance pool.
 	lookup, err := db.NewPool(ctx, cfg.DatabaseURL, "buzzpg-lookup:"+cfg.InstanceID, 2)
 	if err != nil {
 		return err
 	}
-	defer closePool("lookup", lookup, log)
+	pools.add("lookup", lookup)
 	// /readyz's own connection: probes must not queue behind client traffic on the acceptance
 	// pool, where a saturated pool would read as "database unreachable".
 	health, err := db.NewPool(ctx, cfg.DatabaseURL, "buzzpg-health:"+cfg.InstanceID, 1)
 	if err != nil {
 		return err
 	}
-	defer closePool("health", health, log)
+	pools.add("health", health)
 	if err := publishSettings(ctx, accept, pk, cfg, log); err != nil {
 		return err
 	}
@@ -285,10 +293,12 @@ func serve(cfg serveConfig, log *slog.Logger) (err error) {
 	if runErr != nil {
 		log.Error("component failed; shutting down", "err", runErr)
 	} else {
-		log.Info("shutting down; a second signal stops at once", "reason", "signal", "grace", cfg.ShutdownGrace)
+		log.Info("shutting down; a second signal stops at once", "reason", "signal", "grace", cfg.ShutdownGrace,
+			"bound", shutdownBound(cfg.ShutdownGrace))
 	}
 
 	// Graceful: stop accepting, close client connections, release claims and leases, drop the slot.
+	// Every step waits for at most its own grace, so the whole fits shutdownBound (see shutdown.go).
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
 	defer cancel()
 	_ = httpSrv.Shutdown(sctx)
@@ -302,34 +312,14 @@ func serve(cfg serveConfig, log *slog.Logger) (err error) {
 		// it holds waits out its lease; the others still give their claims back.
 		log.Warn("components did not stop in time; closing the others", "waited", componentStopGrace)
 	}
-	// Giving claims back and dropping the slot get their own few seconds each: a long client
-	// drain (or a claim finishing its grace) must not leave them an expired context, which would
-	// leave rows to sit out their leases, and a slow release must not cost the slot drop.
-	closeWithin := func(name string, close func(context.Context) error) {
-		rctx, rcancel := context.WithTimeout(context.Background(), releaseGrace)
-		defer rcancel()
-		if err := close(rctx); err != nil {
-			log.Warn(name+" close", "err", err)
-		}
-	}
-	closeWithin("publisher", publisher.Close)
-	closeWithin("scheduler", scheduler.Close)
+	releases := []releaseStep{{"publisher", publisher.Close}, {"scheduler", scheduler.Close}}
 	if fanout != nil {
-		closeWithin("fanout", fanout.Close)
+		releases = append(releases, releaseStep{"fanout", fanout.Close})
 	}
+	release(releases, log)
 	log.Info("stopped")
 	return runErr
 }
-
-// hookShutdownBegun is where a test holds a process that has begun its shutdown.
-const hookShutdownBegun = "serve.shutdown_begun"
-
-// releaseGrace bounds each release step of a graceful shutdown (publisher claims, reminder
-// claims, the slot drop); componentStopGrace bounds the wait for the components to return.
-const (
-	releaseGrace       = 5 * time.Second
-	componentStopGrace = 10 * time.Second
-)
 
 // defaultRelayURL is the NIP-42 relay URL when BUZZ_RELAY_URL is unset: ws:// + BUZZ_LISTEN as
 // written (clients type the host the operator typed, e.g. localhost, not what it resolves to),
@@ -500,26 +490,6 @@ func probeListen(addr string) error {
 		return fmt.Errorf("cannot listen on %s: %w (set BUZZ_LISTEN to a free address)", addr, err)
 	}
 	return ln.Close()
-}
-
-// closePool closes a pool without letting a component that never gave its connection back hold
-// the exit: pgxpool's Close waits for every acquired connection.
-func closePool(name string, p *pgxpool.Pool, log *slog.Logger) {
-	if !finishedWithin(releaseGrace, p.Close) {
-		log.Warn("a database pool did not close in time; exiting without it", "pool", name)
-	}
-}
-
-// finishedWithin runs fn and reports whether it returned within d; if not, fn goes on alone.
-func finishedWithin(d time.Duration, fn func()) bool {
-	done := make(chan struct{})
-	go func() { fn(); close(done) }()
-	select {
-	case <-done:
-		return true
-	case <-time.After(d):
-		return false
-	}
 }
 
 // checkWalLevel refuses a server without logical decoding before anything is written to it.
