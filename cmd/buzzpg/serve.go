@@ -388,6 +388,7 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	if !dirty && version >= latest {
 		return nil
 	}
+	hooks.At(ctx, hookSchemaRead)
 	running, err := db.MigrationRunning(ctx, pool)
 	if err != nil {
 		return fmt.Errorf("schema: at version %d (dirty: %v), and cannot tell from pg_locks whether a migration is running: %w", version, dirty, err)
@@ -415,6 +416,10 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	return fmt.Errorf("schema: database is at version %d, this binary needs %d: run `buzzpg migrate up`", version, latest)
 }
+
+// hookSchemaRead is where a test ends a migration between checkSchema's read of the version and
+// its look at the lock.
+const hookSchemaRead = "serve.schema_read"
 
 // errMigrating marks a schema that is not current yet while a migration runs.
 var errMigrating = errors.New("a migration is in progress")
