@@ -74,7 +74,7 @@ func serve(cfg serveConfig, log *slog.Logger) (err error) {
 	// Not during migrations (they take no context): a kill there leaves the version dirty, and
 	// every process refuses to start until someone forces it; the first signal ends start-up
 	// right after them.
-	migrated := make(chan struct{})
+	migrating, migrated := make(chan struct{}), make(chan struct{})
 	defer func() {
 		select {
 		case <-migrated:
@@ -82,7 +82,21 @@ func serve(cfg serveConfig, log *slog.Logger) (err error) {
 			close(migrated)
 		}
 	}()
-	go func() { <-ctx.Done(); <-migrated; stop() }()
+	go func() {
+		<-ctx.Done()
+		select {
+		case <-migrated:
+		default:
+			select {
+			case <-migrating:
+				// Else the signal would seem ignored for as long as the migrations take.
+				log.Info("stopping once the migrations running now have ended", "reason", "signal")
+			default:
+			}
+			<-migrated
+		}
+		stop()
+	}()
 
 	// What can be refused without changing the database is checked first: a busy port or a
 	// server without logical decoding must not leave migrations or settings behind. The port is
@@ -109,6 +123,7 @@ func serve(cfg serveConfig, log *slog.Logger) (err error) {
 		return err
 	}
 	if cfg.AutoMigrate {
+		close(migrating)
 		if err := db.MigrateUp(cfg.DatabaseURL, log); err != nil {
 			close(migrated)
 			return err
@@ -382,6 +397,10 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	var dirty bool
 	err := pool.QueryRow(ctx, `SELECT version, dirty FROM `+db.MigrationsTable+` LIMIT 1`).Scan(&version, &dirty)
 	if err != nil {
+		if ctx.Err() != nil {
+			// Cut short (a signal at start-up, a probe's timeout): no news about the schema.
+			return fmt.Errorf("schema: cannot read %s: %w", db.MigrationsTable, err)
+		}
 		return fmt.Errorf("schema: cannot read %s (%v): apply migrations with `buzzpg migrate up` or start with BUZZ_AUTO_MIGRATE=true", db.MigrationsTable, err)
 	}
 	latest := int64(db.LatestVersion())

@@ -2,6 +2,8 @@ package ops
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/url"
 	"os"
 	"os/exec"
@@ -11,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/buzzpg/buzzpg/internal/db"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
@@ -60,5 +63,102 @@ func TestStartupNamesAMissingDatabaseAtOnce(t *testing.T) {
 	out, code := runBinary(t, []string{"DATABASE_URL=" + u.String(), "BUZZ_RELAY_KEY=" + key, "BUZZ_LISTEN=127.0.0.1:0", "BUZZ_DB_WAIT=1m"}, "serve")
 	if code == 0 || !strings.Contains(out, "has no database") || !strings.Contains(out, "SQLSTATE 3D000") || time.Since(began) > 20*time.Second {
 		t.Fatalf("serve on a missing database: exit %d after %s:\n%s", code, time.Since(began), out)
+	}
+}
+
+// startServeCmd starts `buzzpg serve` on dbURL (on a free port, no operator listener) with env
+// added, and returns it with a reader of what it logged so far.
+func startServeCmd(t *testing.T, dbURL string, env ...string) (*exec.Cmd, func() string) {
+	t.Helper()
+	key, _ := testenv.NewKey()
+	logPath := filepath.Join(t.TempDir(), "serve.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { logf.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	cmd := exec.CommandContext(ctx, testenv.Binary(t), "serve")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL,
+		"BUZZ_RELAY_KEY="+key, "BUZZ_RELAY_KEY_FILE=", "BUZZ_LISTEN=127.0.0.1:0", "BUZZ_RELAY_URL=", "BUZZ_METRICS_LISTEN=")
+	cmd.Env = append(cmd.Env, env...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	return cmd, func() string { b, _ := os.ReadFile(logPath); return string(b) }
+}
+
+// exitCode waits for cmd and returns its exit code (-1 if a signal ended it).
+func exitCode(t *testing.T, cmd *exec.Cmd) int {
+	t.Helper()
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatal(err)
+	}
+	return cmd.ProcessState.ExitCode()
+}
+
+// A signal that cuts start-up short while it reads the schema version (the read waits for a lock
+// the test holds) is an operator's stop like any other: exit 0, not a failure with advice to
+// apply migrations.
+func TestSignalWhileReadingTheSchemaIsACleanStop(t *testing.T) {
+	dbURL := testenv.FreshDB(t)
+	pool := testenv.Pool(t, dbURL)
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // the test is over
+	if _, err := tx.Exec(ctx, `LOCK TABLE `+db.MigrationsTable+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	id := fmt.Sprintf("sig%d", time.Now().UnixNano()%1e9)
+	cmd, log := startServeCmd(t, dbURL, "BUZZ_AUTO_MIGRATE=false", "BUZZ_INSTANCE_ID="+id)
+	testenv.WaitUntil(t, 30*time.Second, "the schema read to wait for the lock", func() bool {
+		return testenv.MustInt(t, pool, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = $1 AND wait_event_type = 'Lock'`, "buzzpg-accept:"+id) > 0
+	})
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := exitCode(t, cmd); code != 0 || !strings.Contains(log(), "stopped during start-up") || strings.Contains(log(), "serve failed") {
+		t.Fatalf("SIGTERM while reading the schema: exit %d, want 0 and \"stopped during start-up\":\n%s", code, log())
+	}
+}
+
+// A start-up step that fails on its own as the signal comes is still a failure, which a deploy
+// tool must see: here the migrations, waiting for golang-migrate's lock when SIGTERM arrives,
+// then find the schema marked dirty (a migration failed) and stop start-up with exit 1.
+func TestMigrationFailingAsTheSignalComesExitsNonZero(t *testing.T) {
+	dbURL := testenv.FreshDB(t)
+	pool := testenv.Pool(t, dbURL)
+	drv := testenv.MigrationDriver(t, dbURL)
+	if err := drv.Lock(); err != nil {
+		t.Fatal(err)
+	}
+	cmd, log := startServeCmd(t, dbURL, "BUZZ_AUTO_MIGRATE=true")
+	testenv.WaitUntil(t, 30*time.Second, "the migrations to wait for golang-migrate's lock", func() bool {
+		return testenv.MustInt(t, pool, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`) > 0
+	})
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitUntil(t, 30*time.Second, "serve to take the signal", func() bool {
+		return strings.Contains(log(), "stopping once the migrations running now have ended")
+	})
+	if err := drv.SetVersion(int(db.LatestVersion()), true); err != nil {
+		t.Fatal(err)
+	}
+	if err := drv.Unlock(); err != nil {
+		t.Fatal(err)
+	}
+	if code := exitCode(t, cmd); code == 0 || !strings.Contains(log(), "dirty") || strings.Contains(log(), "stopped during start-up") {
+		t.Fatalf("a migration failing as SIGTERM came: exit %d, want non-zero with the dirty advice:\n%s", code, log())
 	}
 }
