@@ -11,9 +11,10 @@ import (
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
-// claimBlock holds claim statements inside the server: a BEFORE UPDATE trigger on table waits
-// for an advisory lock the test holds on its own connection whenever an UPDATE makes when true.
-// The test then knows the claim is in flight (not yet committed) and decides when it goes on.
+// claimBlock holds claim statements inside the server: a trigger on table waits for an advisory
+// lock the test holds on its own connection whenever an UPDATE makes when true (blockClaims: in
+// the UPDATE; blockClaimCommits: at its COMMIT). The test then knows the claim is in flight (not
+// yet committed) and decides when it goes on.
 type claimBlock struct {
 	t     testing.TB
 	pool  *pgxpool.Pool
@@ -24,6 +25,28 @@ type claimBlock struct {
 const claimBlockKey = 707070
 
 func blockClaims(t testing.TB, pool *pgxpool.Pool, table, when string) *claimBlock {
+	t.Helper()
+	return newClaimBlock(t, pool, table, `CREATE TRIGGER block_claims BEFORE UPDATE ON `+table+`
+		  FOR EACH ROW EXECUTE FUNCTION public.block_claims();`, `
+		  IF `+when+` THEN PERFORM pg_advisory_xact_lock(`+strconv.Itoa(claimBlockKey)+`); END IF;
+		  RETURN NEW;`)
+}
+
+// blockClaimCommits holds claim transactions at their COMMIT instead, after the statement has
+// produced all its rows: a deferred constraint trigger raises a NOTICE first, which makes the
+// server flush its output (the rows reach the client before the commit), then waits for the
+// test's advisory lock. The test decides whether the claim then commits (release) or not (cancel
+// the backend).
+func blockClaimCommits(t testing.TB, pool *pgxpool.Pool, table, when string) *claimBlock {
+	t.Helper()
+	return newClaimBlock(t, pool, table, `CREATE CONSTRAINT TRIGGER block_claims AFTER UPDATE ON `+table+`
+		  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (`+when+`) EXECUTE FUNCTION public.block_claims();`, `
+		  RAISE NOTICE 'test: claim about to commit';
+		  PERFORM pg_advisory_xact_lock(`+strconv.Itoa(claimBlockKey)+`);
+		  RETURN NULL;`)
+}
+
+func newClaimBlock(t testing.TB, pool *pgxpool.Pool, table, createTrigger, body string) *claimBlock {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := pool.Acquire(ctx)
@@ -36,12 +59,9 @@ func blockClaims(t testing.TB, pool *pgxpool.Pool, table, when string) *claimBlo
 	}
 	if _, err := pool.Exec(ctx, `
 		CREATE FUNCTION public.block_claims() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-		  IF `+when+` THEN PERFORM pg_advisory_xact_lock(`+strconv.Itoa(claimBlockKey)+`); END IF;
-		  RETURN NEW;
+		BEGIN`+body+`
 		END $$;
-		CREATE TRIGGER block_claims BEFORE UPDATE ON `+table+`
-		  FOR EACH ROW EXECUTE FUNCTION public.block_claims();`); err != nil {
+		`+createTrigger); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.release(); b.drop() })

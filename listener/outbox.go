@@ -81,6 +81,7 @@ func (p *Publisher) claimBatch(ctx context.Context, size int) ([]claimed, error)
 		if err := rows.Scan(&c.viewer, &c.generation, &c.attempts, &pending,
 			&s.Generation, &s.Hidden, &s.Floor, &s.DBNow, &s.MaxAhead); err != nil {
 			rows.Close()
+			p.undoClaim(ctx, id, out, err)
 			return nil, err
 		}
 		c.pending = time.Duration(pending * float64(time.Second))
@@ -92,7 +93,8 @@ func (p *Publisher) claimBatch(ctx context.Context, size int) ([]claimed, error)
 	}
 	if err := rows.Err(); err != nil {
 		// The claim may have committed with its rows lost on the way (a dropped connection, or
-		// a stop that outlasted claimGrace): the lease bounds how long they wait.
+		// a stop that outlasted claimGrace): give back whatever is held under its id.
+		p.undoClaim(ctx, id, out, err)
 		return nil, err
 	}
 	if len(out) > 0 {

@@ -306,13 +306,15 @@ func (s *Scheduler) claimBatch(ctx context.Context) ([]claim, error) {
 		var c claim
 		if err := rows.Scan(&c.id, &c.notBefore, &c.stamp, &c.recovered); err != nil {
 			rows.Close()
+			s.undoClaim(ctx, out, err)
 			return nil, err
 		}
 		out = append(out, c)
 	}
 	if err := rows.Err(); err != nil {
-		// The claim statement's outcome is unknown to us (e.g. connection lost): whatever it took
-		// is recovered after the lease by any scheduler, stamp-fenced.
+		// The claim's outcome is unknown (e.g. connection lost), but the stamps received are ours:
+		// roll those back. Rows whose stamps never arrived are recovered after the lease.
+		s.undoClaim(ctx, out, err)
 		return nil, err
 	}
 	s.mu.Lock()
@@ -371,7 +373,7 @@ func (s *Scheduler) confirmUntil(ctx context.Context, claims []claim, until time
 	case isServerError(err):
 		s.log.Warn("reminder confirm failed; rolling back own claims", "n", len(claims), "err", err)
 		metrics.ReminderClaims.WithLabelValues("failed").Add(float64(len(claims)))
-		s.rollback(context.WithoutCancel(ctx), claims)
+		_, _ = s.rollback(context.WithoutCancel(ctx), claims)
 		return err
 	default:
 		s.log.Warn("reminder confirm outcome unknown; re-reading by stamp", "n", len(claims), "err", err)
@@ -474,8 +476,8 @@ func (s *Scheduler) resolveUnknown(ctx context.Context, claims []claim, until ti
 	}
 }
 
-// rollback returns claims to armed, guarded by their stamps.
-func (s *Scheduler) rollback(ctx context.Context, claims []claim) {
+// rollback returns claims to armed, guarded by their stamps, and reports how many it returned.
+func (s *Scheduler) rollback(ctx context.Context, claims []claim) (int, error) {
 	ids, stamps := claimArrays(claims)
 	rows, err := s.pool.Query(ctx, `SELECT buzz.rollback_reminder_claims($1, $2)`, ids, stamps)
 	n := 0
@@ -488,7 +490,7 @@ func (s *Scheduler) rollback(ctx context.Context, claims []claim) {
 	}
 	if err != nil {
 		s.log.Error("reminder rollback failed; claims will be recovered after their lease", "n", len(claims), "err", err)
-		return
+		return 0, err
 	}
 	s.mu.Lock()
 	for _, c := range claims {
@@ -500,6 +502,7 @@ func (s *Scheduler) rollback(ctx context.Context, claims []claim) {
 	s.rolled.Add(int64(n))
 	metrics.ReminderClaims.WithLabelValues("rolled_back").Add(float64(n))
 	s.log.Info("reminder claims rolled back", "n", n, "stale", len(claims)-n)
+	return n, nil
 }
 
 // releaseAll rolls back every claim still in flight (shutdown).
@@ -518,7 +521,7 @@ func (s *Scheduler) releaseAll(ctx context.Context, timeout time.Duration) error
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
-	s.rollback(ctx, claims)
+	_, _ = s.rollback(ctx, claims)
 	return ctx.Err()
 }
 
