@@ -214,6 +214,21 @@ func checkRelayURL(v string) error {
 // subscribers then miss events).
 const minSlotStaleAfter = 3 * time.Second
 
+// maxLease bounds BUZZ_LEASE and BUZZ_REMINDER_LEASE. The SQL takes any non-NULL lease, but the
+// lease is how long the claims of a process that died (kill -9, a partition) hold their rows
+// before anyone else takes them: past an hour that is an outage of those snapshots and reminders,
+// not a lease. It also bounds the work done under one claim (a publication's timeout, the
+// re-reads after a reminder confirm whose outcome is unknown).
+const maxLease = time.Hour
+
+// maxReminderBatch bounds BUZZ_REMINDER_BATCH. claim_due_reminders takes p_max as an integer, so
+// PostgreSQL would refuse anything above 2^31-1, at every claim instead of at start-up. Far below
+// that a batch stops making sense: it is one claim statement whose rows the process holds in
+// memory, then one confirm transaction that locks every row, must finish within the lease, and
+// emits a logical message per 100 signals that the fan-out of every process decodes as one
+// transaction. A hundred times the default (1,000) leaves room for tuning and refuses typos.
+const maxReminderBatch = 100_000
+
 // checkRanges refuses values that parse but cannot work. Each would otherwise be replaced by a
 // default somewhere below (a zero lease), or misbehave (a zero reminder horizon refuses every
 // reminder; a negative rate is advertised in NIP-11 as is).
@@ -222,6 +237,11 @@ func (c *serveConfig) checkRanges() error {
 	atLeast := func(name string, d, min time.Duration) {
 		if d < min {
 			bad = append(bad, fmt.Sprintf("%s=%s must be at least %s", name, d, min))
+		}
+	}
+	atMost := func(name string, d, max time.Duration) {
+		if d > max {
+			bad = append(bad, fmt.Sprintf("%s=%s must be at most %s", name, d, max))
 		}
 	}
 	atLeast("BUZZ_SWEEP_INTERVAL", c.SweepInterval, time.Millisecond)
@@ -233,6 +253,11 @@ func (c *serveConfig) checkRanges() error {
 	atLeast("BUZZ_SLOT_STALE_AFTER", c.SlotStaleAfter, minSlotStaleAfter)
 	atLeast("BUZZ_SHUTDOWN_GRACE", c.ShutdownGrace, 0)
 	atLeast("BUZZ_DB_WAIT", c.DBWait, 0)
+	atMost("BUZZ_LEASE", c.Lease, maxLease)
+	atMost("BUZZ_REMINDER_LEASE", c.ReminderLease, maxLease)
+	if c.ReminderBatch > maxReminderBatch {
+		bad = append(bad, fmt.Sprintf("BUZZ_REMINDER_BATCH=%d must be at most %d", c.ReminderBatch, maxReminderBatch))
+	}
 	for name, v := range map[string]float64{"BUZZ_EVENT_RATE": c.EventRate, "BUZZ_REQ_RATE": c.ReqRate,
 		"BUZZ_IP_EVENT_RATE": c.IPEventRate, "BUZZ_IP_REQ_RATE": c.IPReqRate} {
 		if v < 0 {

@@ -3,6 +3,7 @@ package main
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestDefaultRelayURL(t *testing.T) {
@@ -41,33 +42,44 @@ func TestServeEnvironmentIsParsedStrictly(t *testing.T) {
 	if err != nil || c.AutoMigrate {
 		t.Fatalf("BUZZ_AUTO_MIGRATE=off: auto-migrate %v, err %v", c.AutoMigrate, err)
 	}
-	for name, val := range map[string]string{
-		"BUZZ_AUTO_MIGRATE":       "maybe",
-		"BUZZ_LEASE":              "5",
-		"BUZZ_MAX_FUTURE_SECONDS": "15m",
-		"BUZZ_EVENT_RATE":         "fast",
-		"BUZZ_ACCEPT_CONNS":       "-1",
-		"BUZZ_QUERY_CONNS":        "0",
-		"BUZZ_MAX_CONNS":          "0",
-		"BUZZ_IP_MAX_CONNS":       "none",
-		"BUZZ_REMINDER_HORIZON":   "0s",
-		"BUZZ_SLOT_STALE_AFTER":   "1ms",
-		"BUZZ_SWEEP_INTERVAL":     "-1s",
-		"BUZZ_SHUTDOWN_GRACE":     "-1s",
-		"BUZZ_IP_EVENT_RATE":      "-5",
-		"BUZZ_REQ_BURST":          "0",
-		"BUZZ_REMINDER_BATCH":     "0",
-		"BUZZ_LOG_LEVEL":          "verbose",
-		"BUZZ_LOG_FORMAT":         "yaml",
-		"BUZZ_TRUSTED_PROXIES":    "10.0.0.0/8, lb.internal",
-		"BUZZ_RESULT_BUDGET_MB":   "0",
+	for _, c := range []struct{ name, val string }{
+		{"BUZZ_AUTO_MIGRATE", "maybe"},
+		{"BUZZ_LEASE", "5"},
+		{"BUZZ_LEASE", "61m"},
+		{"BUZZ_REMINDER_LEASE", "2h"},
+		{"BUZZ_MAX_FUTURE_SECONDS", "15m"},
+		{"BUZZ_EVENT_RATE", "fast"},
+		{"BUZZ_ACCEPT_CONNS", "-1"},
+		{"BUZZ_QUERY_CONNS", "0"},
+		{"BUZZ_MAX_CONNS", "0"},
+		{"BUZZ_IP_MAX_CONNS", "none"},
+		{"BUZZ_REMINDER_HORIZON", "0s"},
+		{"BUZZ_SLOT_STALE_AFTER", "1ms"},
+		{"BUZZ_SWEEP_INTERVAL", "-1s"},
+		{"BUZZ_SHUTDOWN_GRACE", "-1s"},
+		{"BUZZ_IP_EVENT_RATE", "-5"},
+		{"BUZZ_REQ_BURST", "0"},
+		{"BUZZ_REMINDER_BATCH", "0"},
+		{"BUZZ_REMINDER_BATCH", "100001"},
+		{"BUZZ_REMINDER_BATCH", "2147483648"}, // claim_due_reminders takes an integer
+		{"BUZZ_LOG_LEVEL", "verbose"},
+		{"BUZZ_LOG_FORMAT", "yaml"},
+		{"BUZZ_TRUSTED_PROXIES", "10.0.0.0/8, lb.internal"},
+		{"BUZZ_RESULT_BUDGET_MB", "0"},
 	} {
-		t.Run(name, func(t *testing.T) {
-			t.Setenv(name, val)
-			if _, err := parseServeConfig(nil); err == nil || !strings.Contains(err.Error(), name) {
-				t.Fatalf("%s=%q: err %v, want one naming the variable", name, val, err)
+		t.Run(c.name+"="+c.val, func(t *testing.T) {
+			t.Setenv(c.name, c.val)
+			if _, err := parseServeConfig(nil); err == nil || !strings.Contains(err.Error(), c.name) {
+				t.Fatalf("%s=%q: err %v, want one naming the variable", c.name, c.val, err)
 			}
 		})
+	}
+	// The bounds themselves are fine.
+	t.Setenv("BUZZ_LEASE", "1h")
+	t.Setenv("BUZZ_REMINDER_LEASE", "1h")
+	t.Setenv("BUZZ_REMINDER_BATCH", "100000")
+	if c, err := parseServeConfig(nil); err != nil || c.Lease != time.Hour || c.ReminderLease != time.Hour || c.ReminderBatch != 100000 {
+		t.Fatalf("leases of 1h and a batch of 100000: %v (%s, %s, %d)", err, c.Lease, c.ReminderLease, c.ReminderBatch)
 	}
 }
 
