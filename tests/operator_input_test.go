@@ -166,6 +166,21 @@ func opinAssertUnchanged(t testing.TB, before, after map[string]string) {
 	}
 }
 
+// opinAssertRefused runs sql and checks that it is refused with BZ400, an `invalid:` message
+// containing want, and that no buzz table (nor a slot) changed.
+func opinAssertRefused(t testing.TB, pool *pgxpool.Pool, want, sql string, args ...any) {
+	t.Helper()
+	before := opinState(t, pool)
+	_, err := pool.Exec(context.Background(), sql, args...)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		t.Errorf("err %v, want SQLSTATE BZ400 %q", err, want)
+	} else if pgErr.Code != "BZ400" || !strings.HasPrefix(pgErr.Message, "invalid: ") || !strings.Contains(pgErr.Message, want) {
+		t.Errorf("SQLSTATE %s %q, want BZ400 %q", pgErr.Code, pgErr.Message, want)
+	}
+	opinAssertUnchanged(t, before, opinState(t, pool))
+}
+
 func TestOperatorInputRefusedWithoutChange(t *testing.T) {
 	pool := testenv.Pool(t, testenv.FreshDB(t))
 	ctx := context.Background()
@@ -235,15 +250,7 @@ func TestOperatorInputRefusedWithoutChange(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			before := opinState(t, pool)
-			_, err := pool.Exec(ctx, c.sql, c.args...)
-			var pgErr *pgconn.PgError
-			if !errors.As(err, &pgErr) {
-				t.Errorf("err %v, want SQLSTATE BZ400 %q", err, c.want)
-			} else if pgErr.Code != "BZ400" || !strings.HasPrefix(pgErr.Message, "invalid: ") || !strings.Contains(pgErr.Message, c.want) {
-				t.Errorf("SQLSTATE %s %q, want BZ400 %q", pgErr.Code, pgErr.Message, c.want)
-			}
-			opinAssertUnchanged(t, before, opinState(t, pool))
+			opinAssertRefused(t, pool, c.want, c.sql, c.args...)
 		})
 	}
 
