@@ -130,7 +130,11 @@ func (s *Server) deliveryMembers(d evt.Delivery) (members []string, ok bool) {
 	}
 }
 
-// deliver enqueues ev on each matching subscription of c.
+// deliver enqueues ev on each matching subscription of c, all copies at once (pushAll): the
+// queue admits them as it would admit one. Each subscription stays locked from its de-dup check
+// until its copy is queued, as in sendLocked, so nothing goes to one that a CLOSE or a REQ of the
+// same id ended meanwhile. c.mu serializes deliveries, so only this goroutine ever holds more than
+// one subscription's lock.
 func (c *conn) deliver(d evt.Delivery, js []byte, ix tagIndex) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -144,6 +148,13 @@ func (c *conn) deliver(d evt.Delivery, js []byte, ix tagIndex) {
 		c.dueSeen.add(k)
 	}
 	id := keyOf(d.Event.ID)
+	var locked []*subscription
+	var msgs [][]byte
+	defer func() {
+		for _, sub := range locked {
+			sub.mu.Unlock()
+		}
+	}()
 	for _, sub := range c.subs {
 		matched, liveOnly := sub.matching(d, ix)
 		if !matched {
@@ -157,18 +168,21 @@ func (c *conn) deliver(d evt.Delivery, js []byte, ix tagIndex) {
 			sub.mu.Unlock()
 			continue
 		}
+		locked = append(locked, sub)
 		if sub.sentLive != nil && !d.Due && len(sub.sentLive) < sentLiveMax {
 			sub.sentLive[id] = struct{}{}
 		}
-		ok := c.q.push(eventMessage(sub.prefix, js))
-		sub.mu.Unlock()
-		if !ok {
-			c.overflow()
-			return
-		}
-		if d.Due {
-			metrics.ReminderDueDelivered.Inc()
-		}
+		msgs = append(msgs, eventMessage(sub.prefix, js))
+	}
+	if len(msgs) == 0 {
+		return
+	}
+	if !c.q.pushAll(msgs) {
+		c.overflow()
+		return
+	}
+	if d.Due {
+		metrics.ReminderDueDelivered.Add(float64(len(msgs)))
 	}
 }
 

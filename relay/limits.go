@@ -22,9 +22,12 @@ type Config struct {
 	MaxEventTags     int   // default 2000
 	MaxContentLength int   // unicode characters (NIP-11), default 65536
 	MaxFutureSeconds int64 // created_at upper bound relative to now, default 900
-	SendQueueBytes   int   // per-connection send queue bound, default 4 MiB
-	MaxConns         int   // open WebSocket connections per process, default 10000 (over: HTTP 503)
-	MaxConnsPerIP    int   // of them from one client IP, default 1000 (over: HTTP 429)
+	// SendQueueBytes bounds a connection's send queue, default 4 MiB. The copies of one event for
+	// several subscriptions go in as one unit (pushAll), so the queue may pass it by up to
+	// MaxSubscriptions copies of one event (about twice MaxMessageLength each, as written).
+	SendQueueBytes int
+	MaxConns       int // open WebSocket connections per process, default 10000 (over: HTTP 503)
+	MaxConnsPerIP  int // of them from one client IP, default 1000 (over: HTTP 429)
 	// TrustedProxies are load balancers whose X-Forwarded-For is believed for the client IP that
 	// per-IP caps and rates count (see clientIP); empty: the TCP peer is the client.
 	TrustedProxies []netip.Prefix

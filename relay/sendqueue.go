@@ -5,8 +5,8 @@ import (
 )
 
 // sendQueue is a connection's outgoing message queue, bounded in bytes. Live delivery pushes
-// without ever waiting (push): a reader that stays behind the bound is a slow client and gets
-// closed. Initial query results wait for room (pushHalf) but only fill the queue up to half the
+// without ever waiting (push, pushAll for the copies of one event): a reader that stays behind the
+// bound is a slow client and gets closed. Initial query results wait for room (pushHalf) but only fill the queue up to half the
 // bound, so a large REQ cannot by itself push live traffic over the edge.
 type sendQueue struct {
 	mu      sync.Mutex
@@ -44,6 +44,33 @@ func (q *sendQueue) push(msg []byte) bool {
 	}
 	q.items = append(q.items, msg)
 	q.size += len(msg)
+	q.mu.Unlock()
+	q.signal()
+	return true
+}
+
+// pushAll enqueues msgs, the copies of one event for several subscriptions of this connection
+// (each frame names its subscription, so they cannot share one), as one unit: admitted or refused
+// together by push's rule for the largest of them alone, judged on the queue as it was before
+// them. Pushed one by one, the copies of one large event would overflow a queue that one copy
+// fits (an empty one, even), and one published event matching many subscriptions would close
+// every client that holds them as slow readers. The price is in the bound: the queue can hold up
+// to the limit plus one copy per subscription of the connection (MaxSubscriptions) of one
+// maximal event, not more, since a unit is only admitted while one copy still fits. A reader that
+// is really behind stays there: the next event finds the queue over its limit and is refused.
+func (q *sendQueue) pushAll(msgs [][]byte) bool {
+	largest, total := 0, 0
+	for _, m := range msgs {
+		largest = max(largest, len(m))
+		total += len(m)
+	}
+	q.mu.Lock()
+	if q.closed || (q.size > 0 && q.size+largest > q.limit) {
+		q.mu.Unlock()
+		return false
+	}
+	q.items = append(q.items, msgs...)
+	q.size += total
 	q.mu.Unlock()
 	q.signal()
 	return true
