@@ -155,10 +155,10 @@ func (c *conn) deliver(d evt.Delivery, js []byte, ix tagIndex) {
 			sub.mu.Unlock()
 		}
 	}()
-	for _, sub := range c.subs {
+	take := func(sub *subscription) {
 		matched, liveOnly := sub.matching(d, ix)
 		if !matched {
-			continue
+			return
 		}
 		sub.mu.Lock()
 		// An event the query's snapshot saw was answered or passed over by the filters with a
@@ -166,13 +166,33 @@ func (c *conn) deliver(d evt.Delivery, js []byte, ix tagIndex) {
 		// row already sent it (at most once per subscription).
 		if sub.closed || (sub.answered(d) && (!liveOnly || sub.sentAsRow(id, d, ix))) || (!d.Due && !sub.seen.add(id)) {
 			sub.mu.Unlock()
-			continue
+			return
 		}
 		locked = append(locked, sub)
 		if sub.sentLive != nil && !d.Due && len(sub.sentLive) < sentLiveMax {
 			sub.sentLive[id] = struct{}{}
 		}
 		msgs = append(msgs, eventMessage(sub.prefix, js))
+	}
+	if d.Due {
+		// I6 (DESIGN.md) and PROTOCOL.md: no connection receives a due signal twice. "Each of the
+		// author's live subscriptions whose filter matches it" says where it may go, so a
+		// connection with several such subscriptions gets it once, on the lowest id that takes it
+		// (deterministic, so a client and a test can tell which).
+		ids := make([]string, 0, len(c.subs))
+		for sid := range c.subs {
+			ids = append(ids, sid)
+		}
+		slices.Sort(ids)
+		for _, sid := range ids {
+			if take(c.subs[sid]); len(msgs) > 0 {
+				break
+			}
+		}
+	} else {
+		for _, sub := range c.subs {
+			take(sub)
+		}
 	}
 	if len(msgs) == 0 {
 		return

@@ -1,0 +1,56 @@
+package relay
+
+import (
+	"testing"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/evt"
+)
+
+// I6: no connection receives a due signal twice, however many of its subscriptions match the
+// reminder. It goes to the matching subscription with the lowest id.
+func TestDueSignalOncePerConnectionAcrossSubscriptions(t *testing.T) {
+	tr := startRelay(t, nil)
+	a := newParty(t, tr, true)
+	rem := signed(a.sk, 30300, "enc", nostr.Now(), nostr.Tag{"d", "r-" + nonce()})
+	a.c.mustPublish(rem)
+	// Initial answers empty (since an hour ahead); due signals ignore since.
+	ahead := nostr.Filter{Kinds: []int{30300}, Since: ts(int64(nostr.Now()) + 3600)}
+	for _, sub := range []string{"z-due", "a-due", "m-due"} {
+		if got := a.c.req(sub, ahead); len(got) != 0 {
+			t.Fatalf("%s: initial answer has %d reminders", sub, len(got))
+		}
+	}
+	// Another connection of the same author gets its own copy.
+	other := tr.dial(t)
+	other.mustAuth(a.sk, tr.url)
+	if got := other.req("x-due", ahead); len(got) != 0 {
+		t.Fatalf("second connection: initial answer has %d reminders", len(got))
+	}
+
+	tr.s.Deliver(evt.Delivery{Event: &rem, Scope: evt.Scope{Kind: evt.ScopeAuthor}, Due: true, Stamp: 7})
+
+	// Everything Deliver enqueued precedes a fresh REQ's EOSE.
+	received := func(c *client) map[string]int {
+		got := map[string]int{}
+		probe := "probe-" + nonce()
+		c.sendJSON("REQ", probe, nostr.Filter{IDs: []string{randHex64()}})
+		for {
+			m := c.read()
+			if c.verb(m) == "EVENT" {
+				got[str(m[1])]++
+			}
+			if c.verb(m) == "EOSE" && str(m[1]) == probe {
+				c.sendJSON("CLOSE", probe)
+				return got
+			}
+		}
+	}
+	if got := received(a.c); len(got) != 1 || got["a-due"] != 1 {
+		t.Fatalf("due signal per subscription %v, want once, on a-due only", got)
+	}
+	if got := received(other); len(got) != 1 || got["x-due"] != 1 {
+		t.Fatalf("second connection got %v, want once on x-due", got)
+	}
+}
