@@ -15,15 +15,27 @@ import (
 // Deliver fans one event out to every matching live subscription this process holds, after the
 // read gate. It never waits for a client: a connection whose send queue is full is closed as a
 // slow reader. The only wait is a member-set lookup for a DM not seen before that a subscription here matches (then cached until
-// an operator's edit of its member rows is announced, which Deliver also receives). A lookup that fails is retried until it succeeds or the
-// server shuts down: the replication stream (our caller) waits, and acknowledges nothing past this
-// event meanwhile, instead of losing a gated event its members are subscribed to.
+// an operator's edit of its member rows is announced, which Deliver also receives, and checks
+// against one snapshot read). A lookup that fails, or that cannot see an announced edit yet
+// (however long a synchronous standby keeps its commit invisible), is retried until it succeeds
+// or the server shuts down: the replication stream (our caller) waits, and acknowledges nothing
+// past this event meanwhile, instead of losing a gated event its members are subscribed to or
+// giving it to a member the edit removed.
 func (s *Server) Deliver(d evt.Delivery) {
 	if d.Members != nil {
+		if d.Reset {
+			s.members.dropPending()
+		}
 		s.members.forget(*d.Members, d.Xid)
 		if d.Reset {
 			s.dropSnapshots()
+			return
 		}
+		ctx, cancel := context.WithTimeout(s.stop, s.memberWait)
+		if err := s.members.settle(ctx, s.lookup); err != nil && s.stop.Err() == nil {
+			s.log.Debug("checking announced member edits failed; the next lookup checks them", "err", err)
+		}
+		cancel()
 		return
 	}
 	if d.Event == nil || expired(d.Event, timeNow().Unix()) {

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/buzzpg/buzzpg/internal/evt"
 	"github.com/buzzpg/buzzpg/internal/hooks"
+	"github.com/buzzpg/buzzpg/internal/logx"
 )
 
 // memberCache holds DM member sets. A DM's participant set never changes through the protocol
@@ -31,20 +33,15 @@ type memberCache struct {
 	// epoch counts forgets: a lookup that read before one must not cache what it read (it may
 	// be the set the edit replaced).
 	epoch uint64
-	// pending are the transactions of recent forgets. A commit is decoded (and its forget
-	// arrives) before other sessions can see it, so a lookup right after a forget may still read
-	// the old set: its answer counts only once its snapshot sees every one of them.
+	// pending are the transactions of forgets no lookup's snapshot has seen yet. A commit is
+	// decoded (and its forget arrives) before other sessions can see it, for as long as a
+	// synchronous standby takes to answer, so a lookup after a forget may still read the old
+	// set: its answer counts only once its snapshot sees every one of them (members_pending.go).
 	pending []pendingForget
+	log     *slog.Logger
+	// unseenLog rate-limits the warning about a forget that stays unseen.
+	unseenLog logx.Sampler
 }
-
-type pendingForget struct {
-	xid uint32
-	at  time.Time
-}
-
-// pendingForgetAge: after this long a forget's transaction is taken as visible everywhere (the
-// gap is a commit's last steps, or a synchronous standby's reply).
-const pendingForgetAge = 10 * time.Second
 
 // errStaleMembers: the lookup's snapshot does not see an announced edit yet.
 var errStaleMembers = errors.New("member lookup read before an announced edit was visible")
@@ -55,10 +52,9 @@ func (mc *memberCache) forget(ch evt.MembersChange, xid uint32) {
 	mc.mu.Lock()
 	defer mc.mu.Unlock()
 	mc.epoch++
-	now := timeNow()
-	mc.pending = slices.DeleteFunc(mc.pending, func(p pendingForget) bool { return now.Sub(p.at) > pendingForgetAge })
-	if xid != 0 {
-		mc.pending = append(mc.pending, pendingForget{xid: xid, at: now})
+	// One transaction may announce many statements or rows: its id is waited for once.
+	if xid != 0 && !slices.ContainsFunc(mc.pending, func(p pendingForget) bool { return p.xid == xid }) {
+		mc.pending = append(mc.pending, pendingForget{xid: xid, at: timeNow()})
 	}
 	if ch.All {
 		clear(mc.sets)
@@ -71,27 +67,14 @@ func (mc *memberCache) forget(ch evt.MembersChange, xid uint32) {
 	}
 }
 
+func newMemberCache(capacity int, log *slog.Logger) *memberCache {
+	return &memberCache{sets: map[string][]string{}, cap: capacity, log: log, unseenLog: logx.Sampler{Every: unseenWarnAfter}}
+}
+
 func (mc *memberCache) currentEpoch() uint64 {
 	mc.mu.Lock()
 	defer mc.mu.Unlock()
 	return mc.epoch
-}
-
-// sawForgets reports whether snap sees the transaction of every recent forget.
-func (mc *memberCache) sawForgets(snap *pgSnapshot) bool {
-	mc.mu.Lock()
-	defer mc.mu.Unlock()
-	now := timeNow()
-	for _, p := range mc.pending {
-		if now.Sub(p.at) <= pendingForgetAge && !snap.sees(p.xid) {
-			return false
-		}
-	}
-	return true
-}
-
-func newMemberCache(capacity int) *memberCache {
-	return &memberCache{sets: map[string][]string{}, cap: capacity}
 }
 
 func (mc *memberCache) get(channel string) ([]string, bool) {
@@ -157,8 +140,10 @@ func (mc *memberCache) membersOf(ctx context.Context, pool *pgxpool.Pool, channe
 	if len(missing) == 0 {
 		return out, nil
 	}
-	// A read that does not see a recent forget's transaction yet is read again, shortly: the
-	// gap is a commit's last steps (a standby's reply with synchronous replication).
+	// A read that does not see a forget's transaction yet is read again, shortly: the gap is
+	// usually a commit's last steps, but with synchronous replication it lasts until a standby
+	// answers, however long that takes. Until then nobody's answer uses the old set (fail
+	// closed): ctx (the caller's wait, and shutdown) ends the retries.
 	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
 		loaded, err := mc.load(ctx, pool, missing)
 		if !errors.Is(err, errStaleMembers) {
@@ -181,8 +166,10 @@ func (mc *memberCache) membersOf(ctx context.Context, pool *pgxpool.Pool, channe
 
 // load reads the member sets of channels, with the snapshot it read them in, and caches them
 // unless a forget came meanwhile. errStaleMembers: the snapshot missed a forget's transaction.
+// put caches nothing read while a forget is unseen: a forget after begin changes the epoch, and
+// one before it (pending then) must be seen by the snapshot for load to get that far.
 func (mc *memberCache) load(ctx context.Context, pool *pgxpool.Pool, channels []string) (map[string][]string, error) {
-	readAt := mc.currentEpoch()
+	readAt, began := mc.begin()
 	rows, err := pool.Query(ctx, `
 		SELECT s.snap, m.channel_id::text, m.pubkey
 		  FROM (SELECT pg_current_snapshot()::text AS snap) s
@@ -209,7 +196,7 @@ func (mc *memberCache) load(ctx context.Context, pool *pgxpool.Pool, channels []
 	if err != nil {
 		return nil, err
 	}
-	if !mc.sawForgets(snap) {
+	if !mc.sawForgets(snap, began) {
 		return nil, errStaleMembers
 	}
 	for ch, pks := range loaded {

@@ -1,8 +1,14 @@
 package relay
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -92,7 +98,7 @@ func TestDeliveryRetriesAFailedMemberLookup(t *testing.T) {
 // A lookup that read before an announced member edit must not cache what it read: it may be the
 // set the edit replaced.
 func TestMemberCacheForgetsAndSkipsStaleReads(t *testing.T) {
-	mc := newMemberCache(4)
+	mc := newMemberCache(4, nil)
 	const ch = "5f0c0c9e-7d4e-4b8e-9d3c-0e6a4f1b2c3d"
 	mc.put(ch, []string{"alice", "bob"}, mc.currentEpoch())
 	if _, ok := mc.get(ch); !ok {
@@ -111,6 +117,50 @@ func TestMemberCacheForgetsAndSkipsStaleReads(t *testing.T) {
 	mc.forget(evt.MembersChange{All: true}, 0)
 	if _, ok := mc.get(ch); ok {
 		t.Fatal("set still cached after a truncate was announced")
+	}
+}
+
+// Lookups run side by side (REQ gates on many connections): one whose snapshot is older may
+// finish after a newer one saw an edit and stopped waiting for it. The older one must not count.
+// One transaction announcing many statements is waited for once.
+func TestPendingForgetCountsOnlyForSnapshotsThatSeeIt(t *testing.T) {
+	mc := newMemberCache(4, nil)
+	const ch = "5f0c0c9e-7d4e-4b8e-9d3c-0e6a4f1b2c3d"
+	mc.forget(evt.MembersChange{Channels: []string{ch}}, 100)
+	mc.forget(evt.MembersChange{Channels: []string{ch}}, 100)
+	if n := mc.pendingCount(); n != 1 {
+		t.Fatalf("%d pending for one transaction, want 1", n)
+	}
+	_, beganOlder := mc.begin()
+	_, beganNewer := mc.begin()
+	older := &pgSnapshot{xmin: 100, xmax: 101, xip: []uint64{100}}
+	newer := &pgSnapshot{xmin: 101, xmax: 101}
+	if !mc.sawForgets(newer, beganNewer) {
+		t.Fatal("a snapshot that sees the edit did not count")
+	}
+	if n := mc.pendingCount(); n != 0 {
+		t.Fatalf("%d still pending after a snapshot saw the edit", n)
+	}
+	if mc.sawForgets(older, beganOlder) {
+		t.Fatal("a lookup whose snapshot missed the edit counted because a newer one had seen it")
+	}
+}
+
+// A pending edit keeps the full transaction id its first check placed it at: a process that
+// looks up nothing while 2^31 more transactions start must not read its low 32 bits as a future
+// transaction and wait for it for good.
+func TestPendingForgetKeepsItsPlace(t *testing.T) {
+	mc := newMemberCache(4, nil)
+	const full = uint64(5)<<32 + 100
+	mc.forget(evt.MembersChange{All: true}, uint32(full&0xffffffff))
+	_, began := mc.begin()
+	if mc.sawForgets(&pgSnapshot{xmin: full, xmax: full + 1, xip: []uint64{full}}, began) {
+		t.Fatal("a snapshot with the edit's transaction running counted")
+	}
+	later := uint64(1)<<31 + 20
+	_, began = mc.begin()
+	if !mc.sawForgets(&pgSnapshot{xmin: full + later - 10, xmax: full + later}, began) {
+		t.Fatal("a snapshot 2^31 transactions later does not see the edit")
 	}
 }
 
@@ -232,6 +282,122 @@ func TestMemberLookupWaitsForAnAnnouncedEdit(t *testing.T) {
 		t.Fatalf("a got %s, want %s", got.ID, m.ID)
 	}
 	syncNone(t, b.c, "live")
+}
+
+// A synchronous standby that does not answer keeps a member edit's commit invisible for as long
+// as it stalls, while logical decoding has already sent it. Member lookups wait all that time
+// (fail closed): past the 10 s after which an announced edit used to be taken as visible, the
+// removed member still gets nothing, and once the edit is visible the next message goes to the
+// new set, so no set read meanwhile stayed cached. The open transaction stands for the stalled
+// commit, and a clock moved 11 s forward for the stall's length.
+func TestMemberLookupWaitsWhileAnEditStaysInvisible(t *testing.T) {
+	var skew atomic.Int64
+	realNow := timeNow
+	timeNow = func() time.Time { return realNow().Add(time.Duration(skew.Load())) }
+	t.Cleanup(func() { timeNow = realNow }) // registered first: runs after the relay has stopped
+	var logs lockedBuffer
+	tr := startRelay(t, func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	})
+	ctx := context.Background()
+	a := newParty(t, tr, true)
+	b := newParty(t, tr, true)
+	ch := openDM(t, a, b.pk)
+	a.c.req("live", nostr.Filter{Kinds: []int{9}})
+	b.c.req("live", nostr.Filter{Kinds: []int{9}})
+
+	tx, err := tr.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var xid int64
+	if err := tx.QueryRow(ctx, `DELETE FROM buzz.members WHERE channel_id = $1::uuid AND pubkey = $2 RETURNING pg_current_xact_id()::text::bigint`, ch, b.pk).Scan(&xid); err != nil {
+		t.Fatal(err)
+	}
+	var stale atomic.Int64
+	staleAgain := make(chan struct{}, 1)
+	defer hooks.Set("relay.members.stale", func(context.Context) {
+		stale.Add(1)
+		select {
+		case staleAgain <- struct{}{}:
+		default:
+		}
+	})()
+	tr.s.Deliver(evt.Delivery{Members: &evt.MembersChange{Channels: []string{ch}}, Xid: uint32(xid)})
+
+	m := signed(a.sk, 9, "after b was removed", nostr.Now(), nostr.Tag{"h", ch})
+	done := testenv.Async(func() {
+		tr.s.Deliver(evt.Delivery{Event: &m, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}})
+	})
+	staleReads := func(n int64) {
+		t.Helper()
+		for stale.Load() < n {
+			select {
+			case <-staleAgain:
+			case <-done:
+				t.Fatalf("Deliver used a member set read while the announced removal was invisible (clock +%s)", time.Duration(skew.Load()))
+			}
+		}
+	}
+	staleReads(1)
+	skew.Store(int64(11 * time.Second))
+	// The first stale read counted now may have checked before the clock moved; the second came
+	// after it.
+	staleReads(stale.Load() + 2)
+
+	var g dto.Metric
+	if err := metrics.MemberEditUnseenSeconds.Write(&g); err != nil || g.GetGauge().GetValue() <= 10 {
+		t.Errorf("buzz_member_edit_unseen_seconds = %v (%v), want over 10", g.GetGauge().GetValue(), err)
+	}
+	if out := logs.String(); !strings.Contains(out, "xid="+strconv.FormatInt(xid&0xffffffff, 10)) || !strings.Contains(out, "waited=11s") {
+		t.Errorf("no warning naming the unseen edit's xid and its wait; log:\n%s", out)
+	}
+
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if got := a.c.nextEvent("live"); got.ID != m.ID {
+		t.Fatalf("a got %s, want %s", got.ID, m.ID)
+	}
+	syncNone(t, b.c, "live")
+	if set, ok := tr.s.members.get(ch); !ok || !slices.Equal(set, []string{a.pk}) {
+		t.Fatalf("cached set %v (cached: %v), want only a", set, ok)
+	}
+	m2 := signed(a.sk, 9, "later", nostr.Now(), nostr.Tag{"h", ch})
+	tr.s.Deliver(evt.Delivery{Event: &m2, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}})
+	if got := a.c.nextEvent("live"); got.ID != m2.ID {
+		t.Fatalf("a got %s, want %s", got.ID, m2.ID)
+	}
+	syncNone(t, b.c, "live")
+	if tr.s.members.pendingCount() != 0 {
+		t.Fatal("the edit is still pending after a lookup saw it")
+	}
+}
+
+func (mc *memberCache) pendingCount() int {
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	return len(mc.pending)
+}
+
+// lockedBuffer collects log lines written from any goroutine.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // relayWithLookupPool starts a relay whose live-delivery member lookups use a pool of their own

@@ -112,7 +112,7 @@ func New(cfg Config, acceptPool, queryPool *pgxpool.Pool) (*Server, error) {
 	}
 	s.ipQueries = newIPQueries(cfg.MaxQueriesPerIP)
 	s.acceptErrLog.Every = 10 * time.Second
-	s.members = newMemberCache(memberCacheSize)
+	s.members = newMemberCache(memberCacheSize, s.log)
 	s.ipEvents = newIPLimiter(cfg.IPEventRate, cfg.EventBurst)
 	s.ipReqs = newIPLimiter(cfg.IPReqRate, cfg.ReqBurst)
 	s.upgrader = websocket.Upgrader{

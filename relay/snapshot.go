@@ -48,10 +48,19 @@ func parseSnapshot(s string) (*pgSnapshot, error) {
 }
 
 // sees reports whether the snapshot saw the committed transaction whose id has these low 32
-// bits (logical decoding gives no epoch). The full id is the one nearest xmax: a transaction
-// being delivered is recent, within 2^31 of any snapshot taken while it is in flight.
-func (s *pgSnapshot) sees(xid uint32) bool {
-	full := int64(s.xmax) + int64(int32(xid-uint32(s.xmax)))
+// bits (logical decoding gives no epoch).
+func (s *pgSnapshot) sees(xid uint32) bool { return s.seesFull(s.place(xid)) }
+
+// place returns the full transaction id with these low 32 bits nearest xmax (below 0 for one
+// before the first epoch, which every snapshot saw). A transaction being delivered is recent,
+// within 2^31 of any snapshot taken while it is in flight: PostgreSQL stops assigning ids before
+// the newest is 2^31 past the oldest one still running.
+func (s *pgSnapshot) place(xid uint32) int64 {
+	return int64(s.xmax) + int64(int32(xid-uint32(s.xmax)))
+}
+
+// seesFull reports whether the snapshot saw the committed transaction with this full id.
+func (s *pgSnapshot) seesFull(full int64) bool {
 	switch {
 	case full < int64(s.xmin):
 		return true

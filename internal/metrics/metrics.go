@@ -51,6 +51,11 @@ var (
 	MemberLookupRetries = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "buzz_member_lookup_retries_total", Help: "Failed DM member-set lookups for live delivery, each retried (the replication stream waits meanwhile).",
 	})
+	// MemberEditUnseenSeconds: member lookups wait (fail closed) while an announced member edit is
+	// invisible, which lasts as long as a synchronous standby does not answer.
+	MemberEditUnseenSeconds = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "buzz_member_edit_unseen_seconds", Help: "At the last DM member lookup, how long the oldest announced member edit it did not see yet had been waiting (0: it saw them all); lookups wait for it.",
+	})
 
 	// Fan-out (logical replication).
 	FanoutDelivered = promauto.NewCounterVec(prometheus.CounterOpts{
