@@ -51,9 +51,10 @@ type Fanout struct {
 	handing    atomic.Int64 // commit time (unix nanos) of the transaction being handed over, 0 between
 
 	// Stream state, touched only by the Run goroutine (and by Close after Run returned).
-	lastEnd pglogrepl.LSN // end of the last transaction handed to the sink (or keepalive position)
-	seen    *recentKeys
-	hadSlot bool
+	lastEnd  pglogrepl.LSN // end of the last transaction handed to the sink (or keepalive position)
+	seen     *recentKeys
+	inflight txnProgress // the transaction being handed over; kept across a broken session
+	hadSlot  bool
 
 	// Counters (tests and metrics).
 	delivered  atomic.Int64
@@ -61,6 +62,8 @@ type Fanout struct {
 	skippedDup atomic.Int64 // single deliveries skipped by (transaction, id)
 	sessions   atomic.Int64 // replication sessions attached
 	slotsMade  atomic.Int64 // slots this process created (more than one: its slot was lost once)
+	// changes of a transaction a broken session was handing over, skipped on its resend
+	skippedResent atomic.Int64
 
 	// slotMade is closed once this process's slot exists: from then on every commit reaches our
 	// connections (the slot retains it), so serve opens the WebSocket endpoint only after it.

@@ -1,9 +1,13 @@
 package listener
 
-// recentKeys remembers the last n keys (FIFO eviction). The LSN check already drops whole
-// transactions we have handled; this catches what the LSN cannot: a transaction whose first rows
-// were delivered before the stream broke mid-transaction and which the server then sends again
-// in full. n bounds memory; anything older than n deliveries is also older than our LSN.
+// recentKeys remembers the last n keys (FIFO eviction), a backstop behind the two exact checks:
+// our position drops whole transactions we handled, and txnProgress the first part of a
+// transaction a broken session was handing over. What is left for it: a non-transactional message
+// handed over after our last commit and resent, and a resend that the position and the count
+// cannot place (e.g. after a new slot forgot the position). A resend adds its own keys as it
+// goes, so one of more than n deliveries evicts the keys it would meet later and none is caught;
+// a single transaction may hold far more than n, which is why the count, not this window, guards
+// a transaction resent after a break.
 type recentKeys struct {
 	ring []string
 	next int

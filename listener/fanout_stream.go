@@ -25,6 +25,7 @@ type replSession struct {
 	commitTime time.Time
 	finalLSN   pglogrepl.LSN // of the transaction being decoded: with the id, the de-dup key
 	xid        uint32        // of the transaction being decoded
+	pos        int           // changes of that transaction received in this session
 }
 
 // stream runs one replication session: make sure the slot exists, attach, and hand everything to
@@ -135,21 +136,42 @@ func (f *Fanout) handle(s *replSession, data []byte) error {
 		s.skipTxn = m.FinalLSN < f.lastEnd
 		if s.skipTxn {
 			f.skippedTxn.Add(1)
+		} else {
+			f.beginTxn(s, m)
 		}
 	case *pglogrepl.CommitMessage:
 		s.inTxn = false
 		f.handing.Store(0)
 		if !s.skipTxn {
+			f.inflight = txnProgress{}
 			f.lastEnd = m.TransactionEndLSN
 			now := time.Now()
 			f.lagNanos.Store(int64(now.Sub(m.CommitTime)))
 			f.lastCommit.Store(m.CommitTime.UnixNano())
 		}
 		s.skipTxn = false
-	case *pglogrepl.InsertMessage:
-		if s.skipTxn {
+	case *pglogrepl.InsertMessage, *pglogrepl.UpdateMessage, *pglogrepl.DeleteMessage,
+		*pglogrepl.TruncateMessage, *pglogrepl.LogicalDecodingMessage:
+		if !s.inTxn {
+			return f.handleChange(s, m) // a non-transactional message, placed by its own LSN
+		}
+		// Every change counts, whatever becomes of it, so positions match on a resend; Relation
+		// and Type messages do not, as a new session sends them again before first use.
+		if s.skipTxn || f.handedBefore(s) {
 			return nil
 		}
+		if err := f.handleChange(s, m); err != nil {
+			return err
+		}
+		f.handedChange(s)
+	}
+	return nil
+}
+
+// handleChange hands a row or a logical message to the sink.
+func (f *Fanout) handleChange(s *replSession, m pglogrepl.Message) error {
+	switch m := m.(type) {
+	case *pglogrepl.InsertMessage:
 		r := s.rels[m.RelationID]
 		if r == nil {
 			return fmt.Errorf("pgoutput: insert into unknown relation %d", m.RelationID)
@@ -169,7 +191,7 @@ func (f *Fanout) handle(s *replSession, data []byte) error {
 		if m.Prefix != MessagePrefix {
 			return nil
 		}
-		if s.skipTxn || (!m.Transactional && m.LSN < f.lastEnd) {
+		if !m.Transactional && m.LSN < f.lastEnd {
 			return nil
 		}
 		ds, ok, err := fanDecodeMessage(m.Content)
@@ -253,6 +275,9 @@ func (f *Fanout) ensureSlot(ctx context.Context) error {
 	// every transaction up to it. Forgotten before the creation, which may succeed even when its
 	// statement reports an error. The id window still drops anything handed over twice.
 	f.lastEnd = 0
+	// A transaction broken off on the old slot is not resent on the new one, and after a failover
+	// its commit LSN and xid may name another transaction there.
+	f.inflight = txnProgress{}
 	// Register before creating: a slot without an instance row counts as orphaned for reapers.
 	if err := f.beat(ctx); err != nil {
 		return err
