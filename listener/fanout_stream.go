@@ -273,7 +273,7 @@ func (f *Fanout) ensureSlot(ctx context.Context) error {
 	// Our position belonged to the old slot. After a failover to a standby or a restore, WAL
 	// positions start below it again, and keeping it would skip (and ask the server to skip)
 	// every transaction up to it. Forgotten before the creation, which may succeed even when its
-	// statement reports an error. The id window still drops anything handed over twice.
+	// statement reports an error. The id window still drops a recent delivery handed over twice.
 	f.lastEnd = 0
 	// A transaction broken off on the old slot is not resent on the new one, and after a failover
 	// its commit LSN and xid may name another transaction there.
