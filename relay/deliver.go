@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
@@ -189,13 +190,23 @@ func (c *conn) deliver(d evt.Delivery, js []byte, ix tagIndex) {
 	if d.Due {
 		// I6 (DESIGN.md) and PROTOCOL.md: no connection receives a due signal twice. "Each of the
 		// author's live subscriptions whose filter matches it" says where it may go, so a
-		// connection with several such subscriptions gets it once, on the lowest id that takes it
-		// (deterministic, so a client and a test can tell which).
+		// connection with several such subscriptions gets it once: on a reminders subscription
+		// (a filter for kind 30300 alone) if it has one, as a NIP-ER client keeps one beside its
+		// broader ones, and among equals on the lowest id that takes it (deterministic).
 		ids := make([]string, 0, len(c.subs))
 		for sid := range c.subs {
 			ids = append(ids, sid)
 		}
-		slices.Sort(ids)
+		slices.SortFunc(ids, func(a, b string) int {
+			ra, rb := c.subs[a].remindersOnly(), c.subs[b].remindersOnly()
+			if ra != rb {
+				if ra {
+					return -1
+				}
+				return 1
+			}
+			return strings.Compare(a, b)
+		})
 		for _, sid := range ids {
 			if take(c.subs[sid]); len(msgs) > 0 {
 				break
@@ -216,6 +227,17 @@ func (c *conn) deliver(d evt.Delivery, js []byte, ix tagIndex) {
 	if d.Due {
 		metrics.ReminderDueDelivered.Add(float64(len(msgs)))
 	}
+}
+
+// remindersOnly reports whether one of sub's filters asks for reminders (kind 30300) alone: the
+// subscription a due signal is meant for when a connection has several that match it.
+func (sub *subscription) remindersOnly() bool {
+	for _, f := range sub.filters {
+		if len(f.kinds) == 1 && f.kinds[0] == kindReminder {
+			return true
+		}
+	}
+	return false
 }
 
 // anySubscriptionMatches reports whether a subscription of an authenticated connection (only

@@ -18,6 +18,7 @@ import (
 const (
 	kindSnapshot = 30622 // NIP-DV visibility snapshot: relay-signed only
 	kindGiftWrap = 1059  // NIP-59: served to its one recipient only (Read gates)
+	kindReminder = 30300 // NIP-ER: author-only; sent again when due
 )
 
 // handleEvent answers one EVENT with exactly one OK: Go checks first (shape, id, signature,
