@@ -4,7 +4,8 @@ package tests
 // over the relay → the viewer's live subscription receives the new snapshot.
 //
 //	go test ./tests -run '^$' -bench SnapshotServeConvergence -benchtime 1x -v
-//	(BUZZ_BENCH_RATE overrides the 500 messages/s; BUZZ_BUILD_TAGS="testhooks libsecp256k1"
+//	(BUZZ_BENCH_RATE overrides the 500 messages/s, BUZZ_BENCH_VIEWERS the 500 viewers and
+//	BUZZ_BENCH_ROUNDS the 3 rounds; BUZZ_BUILD_TAGS="testhooks libsecp256k1"
 //	builds the relay with cgo signatures)
 
 import (
@@ -12,6 +13,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -26,14 +28,31 @@ func BenchmarkSnapshotServeConvergence(b *testing.B) {
 	if r, err := strconv.Atoi(os.Getenv("BUZZ_BENCH_RATE")); err == nil && r > 0 {
 		rate = r
 	}
-	const viewers = 500
-	const rounds = 3
+	// Each round hides every viewer's DM, then resurfaces it (one message per viewer). Every
+	// snapshot of a viewer needs a created_at one second above the last (NIP-01 replacement), and
+	// the publisher runs at most snapshot_max_ahead_seconds (10) ahead of the clock: a viewer
+	// changed more than once a second for long uses that up and then waits (DESIGN.md). With
+	// 500 viewers at 500/s a round spends two of a viewer's seconds in about 1.5 s, so more than
+	// ~10 rounds measure that wait, not convergence: longer runs need more viewers
+	// (BUZZ_BENCH_VIEWERS=2000 BUZZ_BENCH_ROUNDS=15 is a minute at 500/s).
+	viewers, rounds := 500, 3
+	if n, err := strconv.Atoi(os.Getenv("BUZZ_BENCH_VIEWERS")); err == nil && n > 0 {
+		viewers = n
+	}
+	if n, err := strconv.Atoi(os.Getenv("BUZZ_BENCH_ROUNDS")); err == nil && n > 0 {
+		rounds = n
+	}
 	dbURL := testenv.FreshDB(b)
 	pool := testenv.Pool(b, dbURL)
 	ctx := context.Background()
 	relayKey, _ := testenv.NewKey()
-	r := testenv.StartRelay(b, testenv.RelayOpts{DatabaseURL: dbURL, RelayKey: relayKey,
-		Env: map[string]string{"BUZZ_LOG_LEVEL": "info"}})
+	env := map[string]string{"BUZZ_LOG_LEVEL": "info", "BUZZ_IP_MAX_CONNS": strconv.Itoa(viewers + 100)}
+	for _, kv := range strings.Fields(os.Getenv("BUZZ_BENCH_RELAY_ENV")) { // e.g. BUZZ_DEBUG_LISTEN=127.0.0.1:6070
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v
+		}
+	}
+	r := testenv.StartRelay(b, testenv.RelayOpts{DatabaseURL: dbURL, RelayKey: relayKey, Env: env})
 
 	senderSK, senderPK := testenv.NewKey()
 	type viewer struct {
@@ -153,13 +172,20 @@ func BenchmarkSnapshotServeConvergence(b *testing.B) {
 		})
 		mu.Lock()
 		if round >= 0 {
-			offered += float64(viewers) / sent.Seconds() / rounds
-			accepted += float64(viewers) / lastOK.Sub(t0).Seconds() / rounds
+			offered += float64(viewers) / sent.Seconds() / float64(rounds)
+			accepted += float64(viewers) / lastOK.Sub(t0).Seconds() / float64(rounds)
 		}
+		var roundLat []time.Duration
 		for _, x := range cur {
 			if round >= 0 {
 				done = append(done, x)
 			}
+			roundLat = append(roundLat, max(0, x.snap.Sub(x.ok)))
+		}
+		if slices.Sort(roundLat); rounds > 3 {
+			// Per round, so a run that degrades over time shows where.
+			b.Logf("round %d: p50 %s p99 %s max %s", round, roundLat[len(roundLat)/2],
+				roundLat[len(roundLat)*99/100], roundLat[len(roundLat)-1])
 		}
 		cur = map[string]*sample{}
 		mu.Unlock()
