@@ -20,7 +20,7 @@ TEST_TIMEOUT ?= 14m
 # Go 1.27); seen here once in make test. 15,000 inputs take 3-6 s per target on this machine.
 FUZZTIME ?= 15000x
 
-.PHONY: all build run test fuzz bench bench-go bench-notify chaos psql db-start db-stop clean vet
+.PHONY: all build run test race fuzz bench bench-go bench-notify chaos psql db-start db-stop clean vet
 
 all: build
 
@@ -53,7 +53,12 @@ test: db-start $(TEST_BIN)
 	@scripts/pg.sh dropdbs >/dev/null 2>&1 || true
 	BUZZ_BIN=$(CURDIR)/$(TEST_BIN) BUZZ_BUILD_TAGS='$(TEST_TAGS)' $(if $(DATABASE_URL),,BUZZ_OWNS_SERVER=1) \
 	  $(GO) test -tags '$(TEST_TAGS)' -count=1 -p 2 -timeout $(TEST_TIMEOUT) ./...
-	$(MAKE) --no-print-directory fuzz
+	$(MAKE) --no-print-directory race fuzz
+
+# Tests named TestRace* exist to be run under the race detector (they pass without it).
+race: db-start
+	BUZZ_BIN=$(CURDIR)/$(TEST_BIN) BUZZ_BUILD_TAGS='$(TEST_TAGS)' $(if $(DATABASE_URL),,BUZZ_OWNS_SERVER=1) \
+	  $(GO) test -race -tags '$(TEST_TAGS)' -count=1 -run '^TestRace' ./cmd/buzzpg/
 
 
 # Each fuzz target for FUZZTIME inputs (the committed corpus also runs as plain tests).

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"testing"
@@ -53,5 +54,28 @@ func TestSchemaCheckRereadsAMigrationThatEndedBetweenItsReads(t *testing.T) {
 	}
 	if err := waitForSchema(ctx, pool, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "dirty") {
 		t.Fatalf("start-up on a failed migration: %v, want the dirty advice", err)
+	}
+}
+
+// A signal that lands while start-up reads a dirty version a second time is no news about the
+// schema: checkSchema says it was cut short (so serve exits 0 on the signal), never the
+// failed-migration advice that would send an operator to `migrate force`.
+func TestSchemaCheckCutShortOnItsRereadIsNotAFailedMigration(t *testing.T) {
+	url := testenv.FreshDB(t)
+	pool := testenv.Pool(t, url)
+	drv := testenv.MigrationDriver(t, url)
+	if err := drv.SetVersion(int(db.LatestVersion()), true); err != nil { // failed, nobody holds the lock
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	reached := false
+	defer hooks.Set(hookSchemaReread, func(context.Context) { reached = true; cancel() })()
+	err := checkSchema(ctx, pool)
+	if !reached {
+		t.Fatal("the schema check never reached its second read")
+	}
+	if !errors.Is(err, context.Canceled) || strings.Contains(err.Error(), "force") {
+		t.Fatalf("schema check cancelled before its re-read: %v, want context.Canceled and no failed-migration advice", err)
 	}
 }

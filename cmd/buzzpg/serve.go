@@ -418,7 +418,13 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 		// lock is seen free, before calling it failed.
 		var v2 int64
 		var d2 bool
-		if err := pool.QueryRow(ctx, `SELECT version, dirty FROM `+db.MigrationsTable+` LIMIT 1`).Scan(&v2, &d2); err == nil && (v2 != version || !d2) {
+		hooks.At(ctx, hookSchemaReread)
+		if err := pool.QueryRow(ctx, `SELECT version, dirty FROM `+db.MigrationsTable+` LIMIT 1`).Scan(&v2, &d2); err != nil {
+			// Not read: no news, and certainly not proof of a failed migration (a signal here
+			// must not turn into "run migrate force").
+			return fmt.Errorf("schema: cannot read %s again: %w", db.MigrationsTable, err)
+		}
+		if v2 != version || !d2 {
 			return checkSchema(ctx, pool)
 		}
 		return fmt.Errorf("schema: %s", db.DirtyAdvice(int(version)))
@@ -439,6 +445,9 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 // hookSchemaRead is where a test ends a migration between checkSchema's read of the version and
 // its look at the lock.
 const hookSchemaRead = "serve.schema_read"
+
+// hookSchemaReread is just before the second read of a version seen dirty with the lock free.
+const hookSchemaReread = "serve.schema_reread"
 
 // errMigrating marks a schema that is not current yet while a migration runs.
 var errMigrating = errors.New("a migration is in progress")

@@ -82,11 +82,15 @@ func (s *poolSet) add(name string, p *pgxpool.Pool) {
 // for every acquired connection, and for connections still being torn down.
 func (s *poolSet) close(log *slog.Logger) {
 	var mu sync.Mutex
+	// Filled before any close starts: a close that ends early deletes under mu while this loop
+	// would still be writing.
 	open := map[string]bool{}
+	for _, n := range s.names {
+		open[n] = true
+	}
 	var wg sync.WaitGroup
 	for i, p := range s.pools {
 		name := s.names[i]
-		open[name] = true
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
