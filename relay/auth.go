@@ -33,6 +33,8 @@ func (c *conn) handleAuth(ev *nostr.Event) {
 			break
 		}
 	}
+	// Before the OK: a REQ the client sends after it must find this connection in the index.
+	c.s.indexAuth(c, ev.PubKey)
 	c.log.Debug("authenticated", "pubkey", ev.PubKey)
 	c.sendOK(ev.ID, true, "")
 }

@@ -73,7 +73,7 @@ func (s *Server) Deliver(d evt.Delivery) {
 		return ok
 	}
 	var js []byte // built on first match, shared by all connections
-	for _, c := range s.snapshotConns() {
+	for _, c := range s.recipients(d, members) {
 		if !d.Scope.Readable(d.Event.PubKey, c.authedList(), isMember) {
 			continue
 		}
@@ -243,10 +243,7 @@ func (sub *subscription) remindersOnly() bool {
 // anySubscriptionMatches reports whether a subscription of an authenticated connection (only
 // they can be members of a DM) matches d, before any read gate.
 func (s *Server) anySubscriptionMatches(d evt.Delivery, ix tagIndex) bool {
-	for _, c := range s.snapshotConns() {
-		if len(c.authedList()) == 0 {
-			continue
-		}
+	for _, c := range s.authedConns() {
 		c.mu.Lock()
 		for _, sub := range c.subs {
 			if sub.matchesAny(d, ix) {

@@ -45,6 +45,7 @@ type Server struct {
 
 	mu       sync.RWMutex
 	conns    map[*conn]struct{}
+	byPubkey authIndex      // conns by authenticated pubkey (recipients.go)
 	admitted int            // connection slots taken (admission.go), upgrades in progress included
 	perIP    map[string]int // the same per client IP
 	connWG   sync.WaitGroup
@@ -85,12 +86,13 @@ func New(cfg Config, acceptPool, queryPool *pgxpool.Pool) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		cfg:    cfg,
-		accept: acceptPool,
-		query:  queryPool,
-		log:    cfg.Logger.With("component", "relay"),
-		conns:  map[*conn]struct{}{},
-		perIP:  map[string]int{},
+		cfg:      cfg,
+		accept:   acceptPool,
+		query:    queryPool,
+		log:      cfg.Logger.With("component", "relay"),
+		conns:    map[*conn]struct{}{},
+		byPubkey: authIndex{},
+		perIP:    map[string]int{},
 	}
 	s.stop, s.stopWork = context.WithCancel(context.Background())
 	s.memberWait = memberLookupWait
@@ -187,6 +189,7 @@ func (s *Server) removeConn(c *conn, reason string) {
 	s.mu.Lock()
 	_, ok := s.conns[c]
 	delete(s.conns, c)
+	s.unindexAuth(c)
 	s.mu.Unlock()
 	if ok {
 		s.unadmit(c.ip)
