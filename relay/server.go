@@ -7,6 +7,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -235,7 +236,21 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		for _, c := range s.snapshotConns() {
 			c.kill("shutdown deadline")
 		}
-		<-done
-		return ctx.Err()
+		select {
+		case <-done:
+			return ctx.Err()
+		case <-time.After(KillWait):
+			n := len(s.snapshotConns())
+			s.log.Warn("connections still running after their sockets were closed; shutting down without them",
+				"connections", n, "waited", KillWait)
+			return fmt.Errorf("%w: %d connections still running %s after their sockets were closed", ctx.Err(), n, KillWait)
+		}
 	}
 }
+
+// KillWait is how long Shutdown waits, once its context has ended and it has closed every
+// connection's socket, for the connections' goroutines to return. They return at once: every wait
+// they do ends with the connection's context or its socket. The cap is for one that does not (a
+// bug): the process's shutdown has a documented bound (cmd/buzzpg/shutdown.go), and an orchestrator
+// kills a process that overstays it, losing the claim and slot releases that come after this step.
+const KillWait = time.Second

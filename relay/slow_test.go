@@ -179,6 +179,52 @@ func TestShutdown(t *testing.T) {
 	}
 }
 
+// TestShutdownDoesNotWaitForAStuckConnection: a connection goroutine that does not return once its
+// socket is closed (a bug, simulated here by a WaitGroup count nobody gives back) costs Shutdown
+// KillWait past its context, not forever: the process's shutdown bound depends on it.
+func TestShutdownDoesNotWaitForAStuckConnection(t *testing.T) {
+	tr := startRelay(t, nil)
+	c := tr.dial(t)
+	c.req("s", nostr.Filter{Kinds: []int{1}, Limit: 1})
+	tr.s.connWG.Add(1) // the stuck goroutine
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			tr.s.connWG.Done()
+		}
+	}
+	t.Cleanup(release)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- tr.s.Shutdown(ctx) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "still running") {
+			t.Fatalf("Shutdown with a stuck connection: %v, want the deadline and the count of connections still running", err)
+		}
+	case <-time.After(KillWait + 10*time.Second): // a bound check, not a timing: KillWait is the promise
+		release()
+		<-done
+		t.Fatalf("Shutdown waited for a stuck connection %s past its context (KillWait is %s)", KillWait+10*time.Second, KillWait)
+	}
+	// The real connection was closed all the same (a read timeout is not a close).
+	for i := 0; ; i++ {
+		_, err := c.tryRead(readTimeout)
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatal("the connection stayed open after Shutdown")
+		}
+		if err != nil {
+			break
+		}
+		if i > 100 {
+			t.Fatal("the connection kept sending after Shutdown")
+		}
+	}
+}
+
 // TestLargeInitialAnswerIsFlowControlled: an initial answer several times the send queue bound
 // waits for the client instead of overflowing it (only live traffic can make a client "slow").
 func TestLargeInitialAnswerIsFlowControlled(t *testing.T) {

@@ -18,9 +18,9 @@ import (
 )
 
 // shutdownBound is README's worst case of a graceful shutdown (the BUZZ_SHUTDOWN_GRACE row):
-// BUZZ_SHUTDOWN_GRACE for the client drain, 10 s for the components to stop, 5 s for the releases
-// (run side by side) and 1 s for the pools; 26 s with the default 10 s drain.
-func shutdownBound(grace time.Duration) time.Duration { return grace + 16*time.Second }
+// BUZZ_SHUTDOWN_GRACE and 1 s (relay.KillWait) for the client drain, 10 s for the components to stop, 5 s for the releases
+// (run side by side) and 1 s for the pools; 27 s with the default 10 s drain.
+func shutdownBound(grace time.Duration) time.Duration { return grace + 17*time.Second }
 
 // A graceful shutdown while the database has stopped answering (packets vanish: no refusal, no
 // reset) ends within the documented bound, with every step at its worst: a client that never

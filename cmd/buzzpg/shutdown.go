@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/buzzpg/buzzpg/relay"
 )
 
 // hookShutdownBegun is where a test holds a process that has begun its shutdown.
@@ -17,12 +19,12 @@ const hookShutdownBegun = "serve.shutdown_begun"
 // and its slot to be reaped a minute later, the very things the shutdown is for. So every step
 // waits for at most its own grace, and those that can run together do:
 //
-//	client drain            BUZZ_SHUTDOWN_GRACE
+//	client drain            BUZZ_SHUTDOWN_GRACE, then relay.KillWait for closed connections
 //	components stop         componentStopGrace
 //	releases, side by side  releaseGrace   (snapshot claims, reminder claims, slot and instance row)
 //	pools close, together   poolCloseGrace
 //
-// The worst case, a database that stopped answering, is their sum, shutdownBound: 26 s with the
+// The worst case, a database that stopped answering, is their sum, shutdownBound: 27 s with the
 // defaults. The releases each keep a grace of their own, starting once the components stopped,
 // so a long drain or a claim finishing under its grace (listener/claimctx.go) does not cost them;
 // run one after another they used to add 15 s, and the pools, closed one by one, up to 25 s more.
@@ -38,7 +40,7 @@ const (
 
 // shutdownBound is the longest a graceful shutdown can take with the given client drain grace.
 func shutdownBound(drain time.Duration) time.Duration {
-	return drain + componentStopGrace + releaseGrace + poolCloseGrace
+	return drain + relay.KillWait + componentStopGrace + releaseGrace + poolCloseGrace
 }
 
 // releaseStep gives back what one component holds in the database once it has stopped.
