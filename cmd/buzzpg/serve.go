@@ -123,6 +123,13 @@ func serve(cfg serveConfig, log *slog.Logger) (err error) {
 		return err
 	}
 	if cfg.AutoMigrate {
+		hooks.At(ctx, hookBeforeMigrations)
+		// Migrations take no context and, once begun, run to their end (see above): a signal that
+		// came before them is honoured here, or they would run on a stop the operator asked for.
+		if err := ctx.Err(); err != nil {
+			close(migrated)
+			return err
+		}
 		close(migrating)
 		if err := db.MigrateUp(cfg.DatabaseURL, log); err != nil {
 			close(migrated)
@@ -445,6 +452,10 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 // hookSchemaRead is where a test ends a migration between checkSchema's read of the version and
 // its look at the lock.
 const hookSchemaRead = "serve.schema_read"
+
+// hookBeforeMigrations is just before auto-migrate begins, the last point a signal stops start-up
+// without the schema changing.
+const hookBeforeMigrations = "serve.before_migrations"
 
 // hookSchemaReread is just before the second read of a version seen dirty with the lock free.
 const hookSchemaReread = "serve.schema_reread"

@@ -162,3 +162,31 @@ func TestMigrationFailingAsTheSignalComesExitsNonZero(t *testing.T) {
 		t.Fatalf("a migration failing as SIGTERM came: exit %d, want non-zero with the dirty advice:\n%s", code, log())
 	}
 }
+
+// A signal that comes after the wal_level check but before auto-migrate begins stops start-up
+// with the schema untouched: migrations take no context and, once begun, run to their end, so
+// the process must not begin them on a stop the operator has already asked for. The process is
+// held at the last point before them (a test hook) while the signal arrives.
+func TestSignalBeforeMigrationsLeavesTheSchemaUntouched(t *testing.T) {
+	dbURL := testenv.EmptyDB(t)
+	hookDir := t.TempDir()
+	const hook = "serve.before_migrations"
+	cmd, log := startServeCmd(t, dbURL, "BUZZ_AUTO_MIGRATE=true", "BUZZ_HOOK_DIR="+hookDir, "BUZZ_HOOKS="+hook)
+	testenv.WaitHook(t, hookDir, hook, 30*time.Second)
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	// The hook gives up with the signal's cancellation; the release is only for a binary that
+	// would wait on regardless.
+	testenv.ReleaseHook(t, hookDir, hook)
+	if code := exitCode(t, cmd); code != 0 || !strings.Contains(log(), "stopped during start-up") {
+		t.Fatalf("SIGTERM before migrations: exit %d, want 0 and \"stopped during start-up\":\n%s", code, log())
+	}
+	pool := testenv.Pool(t, dbURL)
+	if n := testenv.MustInt(t, pool, `SELECT count(*) FROM pg_namespace WHERE nspname = 'buzz'`); n != 0 {
+		t.Fatalf("migrations ran after the signal: schema buzz exists\n%s", log())
+	}
+	if n := testenv.MustInt(t, pool, `SELECT count(*) FROM pg_class WHERE relname = $1`, db.MigrationsTable); n != 0 {
+		t.Fatalf("migrations began after the signal: %s exists\n%s", db.MigrationsTable, log())
+	}
+}
