@@ -344,6 +344,48 @@ func TestFanoutCloseDropsSlot(t *testing.T) {
 	}
 }
 
+// Close removes the instance row even when the slot stays in use past its context (a walsender
+// that has not noticed the closed connection yet; here another session holds it): the slot is
+// then an orphan that a reaper drops as soon as it is inactive, not after StaleAfter.
+func TestFanoutCloseRemovesInstanceRowWhenSlotStaysInUse(t *testing.T) {
+	h := newFanHarness(t)
+	ctx := context.Background()
+	f, stop := h.start(FanoutConfig{}, newFanRecSink(), nil)
+	stop()
+	testenv.WaitUntil(t, 10*time.Second, "own walsender gone", func() bool {
+		return mustInt(t, h.pool, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND active`, f.Slot()) == 0
+	})
+	// Another session takes the slot, as our own walsender would still hold it for a while.
+	holder := &Fanout{cfg: FanoutConfig{DatabaseURL: h.url, InstanceID: "holder"}}
+	conn, err := holder.connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := pglogrepl.StartReplication(ctx, conn, f.Slot(), 0,
+		pglogrepl.StartReplicationOptions{PluginArgs: fanPluginArgs}); err != nil {
+		t.Fatal(err)
+	}
+	if mustInt(t, h.pool, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND active`, f.Slot()) != 1 {
+		t.Fatal("the holder does not hold the slot")
+	}
+
+	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if err := f.Close(cctx); err == nil || !strings.Contains(err.Error(), "still in use") {
+		t.Fatalf("Close with a held slot: got %v, want the drop's still-in-use error", err)
+	}
+	if n := mustInt(t, h.pool, `SELECT count(*) FROM buzz.instances WHERE instance_id = $1`, f.cfg.InstanceID); n != 0 {
+		t.Fatalf("instance row survived Close: the slot now waits out StaleAfter instead of being an orphan")
+	}
+	// Once the holder lets go, any reaper drops the orphan, whatever its staleness threshold.
+	_ = conn.Close(ctx)
+	testenv.WaitUntil(t, 10*time.Second, "orphan slot reaped", func() bool {
+		_, _ = h.pool.Exec(ctx, `SELECT * FROM buzz.reap_instances(interval '1 hour')`)
+		return !h.slotExists(ctx, f.Slot())
+	})
+}
+
 // Slot creation waits for transactions older than the attempt; the timeout logs who blocks and
 // start-up proceeds once the blocker is gone.
 func TestFanoutSlotCreationBlockedLogsPID(t *testing.T) {
