@@ -136,6 +136,7 @@ func fanoutStep(cfg *Config, a, b string, rate float64, dur time.Duration) (Row,
 		perIdx[i%pubs] = append(perIdx[i%pubs], i)
 	}
 	perRate := rate / float64(pubs)
+	cfg.logf("fanout: sending %d on %d connections", n, pubs)
 	start := time.Now()
 	var wg sync.WaitGroup
 	for w := 0; w < pubs; w++ {
