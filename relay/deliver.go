@@ -32,11 +32,7 @@ func (s *Server) Deliver(d evt.Delivery) {
 			s.dropSnapshots()
 			return
 		}
-		ctx, cancel := context.WithTimeout(s.stop, s.memberWait)
-		if err := s.members.settle(ctx, s.lookup); err != nil && s.stop.Err() == nil {
-			s.log.Debug("checking announced member edits failed; the next lookup checks them", "err", err)
-		}
-		cancel()
+		s.settleSoon()
 		return
 	}
 	if d.Event == nil || expired(d.Event, timeNow().Unix()) {
@@ -287,4 +283,40 @@ func (s *subscription) matchesAny(d evt.Delivery, ix tagIndex) bool {
 		}
 	}
 	return false
+}
+
+// settleSoon checks the pending forgets against a fresh snapshot off the delivery goroutine, one
+// check at a time; forgets announced while one runs get one more. The check only tidies: a
+// lookup checks every pending forget itself before it trusts what it read. Run inline, it made
+// live delivery to everyone wait up to memberWait per announced edit whenever the lookup pool
+// could not answer (a bulk member edit then stalled fan-out for minutes).
+func (s *Server) settleSoon() {
+	s.settleMu.Lock()
+	if s.settling {
+		s.settleAgain = true
+		s.settleMu.Unlock()
+		return
+	}
+	s.settling = true
+	s.settleMu.Unlock()
+	go func() {
+		for {
+			ctx, cancel := context.WithTimeout(s.stop, s.memberWait)
+			if err := s.members.settle(ctx, s.lookup); err != nil && s.stop.Err() == nil {
+				s.log.Debug("checking announced member edits failed; the next lookup checks them", "err", err)
+			}
+			cancel()
+			s.settleMu.Lock()
+			if !s.settleAgain || s.stop.Err() != nil {
+				s.settling = false
+				s.settleMu.Unlock()
+				if s.onSettled != nil {
+					s.onSettled()
+				}
+				return
+			}
+			s.settleAgain = false
+			s.settleMu.Unlock()
+		}
+	}()
 }

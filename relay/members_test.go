@@ -3,6 +3,7 @@ package relay
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -425,4 +426,57 @@ func lookupRetries(tr *testRelay) <-chan struct{} {
 		}
 	}
 	return ch
+}
+
+// An announced member edit does not hold up live delivery while the lookup pool cannot answer:
+// the check of pending edits runs beside it. With every lookup connection taken and the lookup
+// wait at a minute, the announcement returns and a public event still reaches its subscriber;
+// once the pool is free the edit, which a snapshot can see, stops being pending.
+func TestMemberEditAnnouncementDoesNotWaitForTheLookupPool(t *testing.T) {
+	tr := startRelay(t, nil)
+	tr.s.memberWait = time.Minute
+	settled := make(chan struct{}, 16)
+	tr.s.onSettled = func() { settled <- struct{}{} }
+	ctx := context.Background()
+	xids := make([]int64, 3) // committed on return: any later snapshot sees them
+	for i := range xids {
+		if err := tr.pool.QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&xids[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sub := tr.dial(t)
+	sub.req("live", nostr.Filter{Kinds: []int{1}})
+
+	release := holdAll(t, tr.s.lookup)
+	defer release()
+	done := testenv.Async(func() {
+		for i, xid := range xids { // a bulk edit: each announcement used to wait on its own check
+			ch := fmt.Sprintf("00000000-0000-4000-8000-%012d", i)
+			tr.s.Deliver(evt.Delivery{Members: &evt.MembersChange{Channels: []string{ch}}, Xid: uint32(xid)})
+		}
+		ev := signed(nostr.GeneratePrivateKey(), 1, "public, after the edits", nostr.Now())
+		tr.s.Deliver(publicDelivery(&ev))
+	})
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("live delivery waited for the check of announced edits while the lookup pool was taken")
+	}
+	if got := sub.nextEvent("live"); got.Content != "public, after the edits" {
+		t.Fatalf("subscriber got %q", got.Content)
+	}
+	select {
+	case <-settled:
+		t.Fatal("the check finished while the lookup pool was taken")
+	default:
+	}
+	release()
+	select {
+	case <-settled:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the check of announced edits never ran once the pool was free")
+	}
+	if n := tr.s.members.pendingCount(); n != 0 {
+		t.Errorf("%d committed edits still pending after the check", n)
+	}
 }

@@ -68,6 +68,14 @@ type Server struct {
 	onConnClosed func(c *conn, reason string)
 	// onLookupRetry, when set (in-package tests), is called after a failed delivery lookup.
 	onLookupRetry func()
+	// onSettled, when set (in-package tests), is called when a run of settleSoon ends.
+	onSettled func()
+
+	// settleSoon's single flight: one check of the pending forgets at a time, and one more for
+	// forgets announced while it ran.
+	settleMu    sync.Mutex
+	settling    bool
+	settleAgain bool
 }
 
 var _ evt.Sink = (*Server)(nil)
