@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -250,12 +251,12 @@ func dmEventWhoseLookupFails(t *testing.T) (tr *testRelay, a, b party) {
 	pending, xid := pendingRow(t, tx, a.pk)
 	tr.s.Deliver(evt.Delivery{Event: &pending, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}, Xid: xid})
 	var once sync.Once
-	var taken bool
+	var taken atomic.Bool // set on a connection's goroutine, read by the cleanup
 	t.Cleanup(hooks.Set("relay.req.queried", func(context.Context) {
-		once.Do(func() { taken = tr.s.ipQueries.acquire(ctx, "127.0.0.1") })
+		once.Do(func() { taken.Store(tr.s.ipQueries.acquire(ctx, "127.0.0.1")) })
 	}))
 	t.Cleanup(func() {
-		if taken {
+		if taken.Load() {
 			tr.s.ipQueries.release("127.0.0.1")
 		}
 	})
