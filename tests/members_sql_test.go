@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/testenv"
@@ -22,53 +23,7 @@ func TestMemberEditsAreAnnounced(t *testing.T) {
 	url := testenv.FreshDB(t)
 	pool := testenv.Pool(t, url)
 	ctx := context.Background()
-	slot := fmt.Sprintf("members_%d", time.Now().UnixNano()%1e12)
-	if _, err := pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'test_decoding')`, slot); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slot) })
-	// announced returns the channel lists of the 'members' messages committed since the last call
-	// ("all" for a truncate).
-	announced := func() []string {
-		t.Helper()
-		rows, err := pool.Query(ctx, `SELECT data FROM pg_logical_slot_get_changes($1, NULL, NULL)`, slot)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		var out []string
-		for rows.Next() {
-			var data string
-			if err := rows.Scan(&data); err != nil {
-				t.Fatal(err)
-			}
-			i := strings.Index(data, "content:")
-			if !strings.HasPrefix(data, "message:") || !strings.Contains(data, "prefix: buzz,") || i < 0 {
-				continue
-			}
-			var m struct {
-				T        string   `json:"t"`
-				Channels []string `json:"channels"`
-				All      bool     `json:"all"`
-			}
-			if err := json.Unmarshal([]byte(data[i+len("content:"):]), &m); err != nil {
-				t.Fatalf("undecodable buzz message %q: %v", data, err)
-			}
-			if m.T != "members" {
-				continue
-			}
-			if m.All {
-				out = append(out, "all")
-				continue
-			}
-			slices.Sort(m.Channels)
-			out = append(out, strings.Join(m.Channels, ","))
-		}
-		if err := rows.Err(); err != nil {
-			t.Fatal(err)
-		}
-		return out
-	}
+	announced := memberAnnouncements(t, pool)
 	expect := func(step string, want ...string) {
 		t.Helper()
 		if got := announced(); !slices.Equal(got, want) {
@@ -136,4 +91,151 @@ func TestMemberEditsAreAnnounced(t *testing.T) {
 	expect("a delete", other)
 	exec(`TRUNCATE buzz.members CASCADE`)
 	expect("a truncate", "all")
+}
+
+// memberAnnouncements opens a test_decoding slot and returns a function that gives the channel
+// lists of the 'members' messages committed since its last call ("all" for a truncate), in
+// commit order.
+func memberAnnouncements(t *testing.T, pool *pgxpool.Pool) func() []string {
+	t.Helper()
+	ctx := context.Background()
+	slot := fmt.Sprintf("members_%d", time.Now().UnixNano()%1e12)
+	if _, err := pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'test_decoding')`, slot); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slot) })
+	return func() []string {
+		t.Helper()
+		rows, err := pool.Query(ctx, `SELECT data FROM pg_logical_slot_get_changes($1, NULL, NULL)`, slot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var out []string
+		for rows.Next() {
+			var data string
+			if err := rows.Scan(&data); err != nil {
+				t.Fatal(err)
+			}
+			i := strings.Index(data, "content:")
+			if !strings.HasPrefix(data, "message:") || !strings.Contains(data, "prefix: buzz,") || i < 0 {
+				continue
+			}
+			var m struct {
+				T        string   `json:"t"`
+				Channels []string `json:"channels"`
+				All      bool     `json:"all"`
+			}
+			if err := json.Unmarshal([]byte(data[i+len("content:"):]), &m); err != nil {
+				t.Fatalf("undecodable buzz message %q: %v", data, err)
+			}
+			if m.T != "members" {
+				continue
+			}
+			if m.All {
+				out = append(out, "all")
+				continue
+			}
+			slices.Sort(m.Channels)
+			out = append(out, strings.Join(m.Channels, ","))
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+}
+
+// Two sessions insert the first member rows of one empty channel at the same time (0025). Each
+// statement alone sees only its own rows; without a lock both would stay quiet, and a relay that
+// cached the set between the two commits would keep the first one's members for good. Steps:
+// s1 inserts (and holds the channel's lock), s2 inserts and waits, s1 commits (quiet: nothing
+// else was there), s2 checks with s1's rows visible and announces, s2 commits. Under REPEATABLE
+// READ an insert always announces: its snapshot could not see a concurrent inserter's commit.
+func TestConcurrentFirstMemberInsertsAnnounce(t *testing.T) {
+	url := testenv.FreshDB(t)
+	pool := testenv.Pool(t, url)
+	ctx := context.Background()
+	announced := memberAnnouncements(t, pool)
+	newChannel := func() string {
+		t.Helper()
+		var id string
+		if err := pool.QueryRow(ctx, `INSERT INTO buzz.channels (participant_hash, created_by)
+		      VALUES (sha256(gen_random_uuid()::text::bytea), $1) RETURNING id::text`, newFanUser().pk).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	session := func() (pgx.Tx, int) {
+		t.Helper()
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(conn.Release)
+		var pid int
+		if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+			t.Fatal(err)
+		}
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+		return tx, pid
+	}
+	insert := `INSERT INTO buzz.members (channel_id, pubkey) VALUES ($1::uuid, $2)`
+
+	ch := newChannel()
+	if got := announced(); len(got) != 0 {
+		t.Fatalf("creating a channel announced %q", got)
+	}
+	s1, _ := session()
+	s2, pid2 := session()
+	if _, err := s1.Exec(ctx, insert, ch, newFanUser().pk); err != nil {
+		t.Fatal(err)
+	}
+	s2done := make(chan error, 1)
+	go func() {
+		_, err := s2.Exec(ctx, insert, ch, newFanUser().pk)
+		s2done <- err
+	}()
+	// s2 is either waiting on the channel's lock (the fix) or already through (no lock: it will
+	// have stayed quiet, and the check at the end says so).
+	testenv.WaitUntil(t, 10*time.Second, "s2 waiting for the channel's lock or done", func() bool {
+		if len(s2done) > 0 {
+			return true
+		}
+		var waiting bool
+		_ = pool.QueryRow(ctx, `SELECT count(*) > 0 FROM pg_locks WHERE pid = $1 AND locktype = 'advisory' AND NOT granted`, pid2).Scan(&waiting)
+		return waiting
+	})
+	if err := s1.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-s2done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("s2's insert still waits after s1 committed")
+	}
+	if err := s2.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := announced(); !slices.Equal(got, []string{ch}) {
+		t.Fatalf("two concurrent first inserts into %s announced %q; the second must announce it", ch, got)
+	}
+
+	rr := newChannel()
+	if err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, insert, rr, newFanUser().pk)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := announced(); !slices.Equal(got, []string{rr}) {
+		t.Fatalf("a first insert under REPEATABLE READ announced %q, want %s", got, rr)
+	}
 }
