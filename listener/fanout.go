@@ -227,14 +227,12 @@ func (f *Fanout) Close(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
-	err := dropSlot(ctx, f.pool, f.slot)
-	// The row goes even when the drop ran out of time (our walsender may not have noticed the
-	// closed connection yet): a slot without an instance row is an orphan that any live process
-	// reaps as soon as it is inactive, while one with a row waits out StaleAfter. So the DELETE
-	// gets its own short budget rather than what the drop left of ctx.
-	rctx, cancelRow := context.WithTimeout(context.WithoutCancel(ctx), instanceRowTimeout)
-	defer cancelRow()
-	if _, e := f.pool.Exec(rctx, `DELETE FROM buzz.instances WHERE instance_id = $1`, f.cfg.InstanceID); err == nil {
+	// The row goes first: a slot without an instance row is an orphan that any live process
+	// drops as soon as it is inactive, while one with a row waits out StaleAfter. Dropped after
+	// the slot, the row would get only what the drop left of ctx, and a slot still held by our
+	// walsender (it has not noticed the closed connection yet) uses all of it.
+	_, err := f.pool.Exec(ctx, `DELETE FROM buzz.instances WHERE instance_id = $1`, f.cfg.InstanceID)
+	if e := dropSlot(ctx, f.pool, f.slot); err == nil {
 		err = e
 	}
 	if err == nil {
@@ -242,10 +240,6 @@ func (f *Fanout) Close(ctx context.Context) error {
 	}
 	return err
 }
-
-// instanceRowTimeout bounds Close's DELETE of the instance row, which runs after the slot drop
-// even when that used up the caller's context.
-const instanceRowTimeout = 2 * time.Second
 
 // fanBackoff doubles from 100ms to a 5s cap, with jitter so processes that lost the server together
 // do not come back in lockstep.

@@ -292,14 +292,18 @@ func (s *subscription) matchesAny(d evt.Delivery, ix tagIndex) bool {
 // could not answer (a bulk member edit then stalled fan-out for minutes).
 func (s *Server) settleSoon() {
 	s.settleMu.Lock()
-	if s.settling {
-		s.settleAgain = true
-		s.settleMu.Unlock()
+	defer s.settleMu.Unlock()
+	if s.settleStopped {
 		return
 	}
-	s.settling = true
-	s.settleMu.Unlock()
+	if s.settleRun != nil {
+		s.settleAgain = true
+		return
+	}
+	run := make(chan struct{})
+	s.settleRun = run
 	go func() {
+		defer close(run)
 		for {
 			ctx, cancel := context.WithTimeout(s.stop, s.memberWait)
 			if err := s.members.settle(ctx, s.lookup); err != nil && s.stop.Err() == nil {
@@ -308,7 +312,7 @@ func (s *Server) settleSoon() {
 			cancel()
 			s.settleMu.Lock()
 			if !s.settleAgain || s.stop.Err() != nil {
-				s.settling = false
+				s.settleRun = nil
 				s.settleMu.Unlock()
 				if s.onSettled != nil {
 					s.onSettled()
@@ -319,4 +323,18 @@ func (s *Server) settleSoon() {
 			s.settleMu.Unlock()
 		}
 	}()
+}
+
+// stopSettling starts no more checks and returns what closes when the running one (if any) has
+// returned; s.stop has ended by then, so it returns at once.
+func (s *Server) stopSettling() <-chan struct{} {
+	s.settleMu.Lock()
+	defer s.settleMu.Unlock()
+	s.settleStopped = true
+	if s.settleRun == nil {
+		done := make(chan struct{})
+		close(done)
+		return done
+	}
+	return s.settleRun
 }

@@ -73,9 +73,10 @@ type Server struct {
 
 	// settleSoon's single flight: one check of the pending forgets at a time, and one more for
 	// forgets announced while it ran.
-	settleMu    sync.Mutex
-	settling    bool
-	settleAgain bool
+	settleMu      sync.Mutex
+	settleRun     chan struct{} // closed when the running check's goroutine returns; nil: none
+	settleAgain   bool
+	settleStopped bool
 }
 
 var _ evt.Sink = (*Server)(nil)
@@ -235,8 +236,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for _, c := range s.snapshotConns() {
 		c.closeGracefully(websocket.CloseGoingAway, "relay shutting down", "error: relay shutting down")
 	}
+	settled := s.stopSettling()
 	done := make(chan struct{})
-	go func() { s.connWG.Wait(); close(done) }()
+	go func() { s.connWG.Wait(); <-settled; close(done) }()
 	select {
 	case <-done:
 		return nil

@@ -11,6 +11,7 @@ CREATE OR REPLACE FUNCTION buzz.members_changed() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
   chans text[];
+  empty_chans text[];
   ins_chan text;
 BEGIN
   CASE TG_OP
@@ -21,22 +22,35 @@ BEGIN
       -- A channel whose every member row this statement inserted (a DM open) has no cached set
       -- anywhere: an empty set is never cached, and a delete that emptied it was announced. Say
       -- nothing for it. Any other member row of the channel, however recently written, means a
-      -- set may be cached. A concurrent first insert into the same channel would be quiet too
-      -- (neither sees the other's rows), so inserters of a channel take its lock, in channel
-      -- order, and hold it to commit: the second checks once the first has committed.
-      FOR ins_chan IN SELECT DISTINCT channel_id::text FROM members_new ORDER BY 1 LOOP
-        PERFORM pg_advisory_xact_lock(hashtextextended('members:' || ins_chan, 0));
-      END LOOP;
+      -- set may be cached.
       IF current_setting('transaction_isolation') <> 'read committed' THEN
-        -- The transaction's snapshot cannot see what committed after it began.
+        -- Our snapshot is the transaction's: it cannot see a concurrent first inserter's rows
+        -- even once they commit, so there is no telling an empty channel. Announce.
         SELECT array_agg(DISTINCT channel_id::text) INTO chans FROM members_new;
       ELSE
-        SELECT array_agg(DISTINCT n.channel_id::text) INTO chans
-          FROM members_new n
-         WHERE EXISTS (SELECT 1 FROM buzz.members m
-                        WHERE m.channel_id = n.channel_id
-                          AND NOT EXISTS (SELECT 1 FROM members_new x
-                                           WHERE x.channel_id = m.channel_id AND x.pubkey = m.pubkey));
+        SELECT coalesce(array_agg(ch::text) FILTER (WHERE others), '{}'),
+               coalesce(array_agg(ch::text ORDER BY ch::text) FILTER (WHERE NOT others), '{}')
+          INTO chans, empty_chans
+          FROM (SELECT n.ch, EXISTS (SELECT 1 FROM buzz.members m
+                                      WHERE m.channel_id = n.ch
+                                        AND NOT EXISTS (SELECT 1 FROM members_new x
+                                                         WHERE x.channel_id = m.channel_id AND x.pubkey = m.pubkey)) AS others
+                  FROM (SELECT DISTINCT channel_id AS ch FROM members_new) n) s;
+        -- A concurrent first insert into one of the channels that look empty would look the same
+        -- to its own statement, and both would stay quiet. Their inserters take the channel's
+        -- lock (sorted; only channels that look empty, so ordinary edits take none) and hold it
+        -- to commit, then check again with a new snapshot: the second one sees the first's rows.
+        FOREACH ins_chan IN ARRAY empty_chans LOOP
+          PERFORM pg_advisory_xact_lock(hashtextextended('members:' || ins_chan, 0));
+        END LOOP;
+        chans := chans || ARRAY(SELECT e FROM unnest(empty_chans) e
+                                 WHERE EXISTS (SELECT 1 FROM buzz.members m
+                                                WHERE m.channel_id = e::uuid
+                                                  AND NOT EXISTS (SELECT 1 FROM members_new x
+                                                                   WHERE x.channel_id = m.channel_id AND x.pubkey = m.pubkey)));
+        IF cardinality(chans) = 0 THEN
+          chans := NULL;
+        END IF;
       END IF;
     WHEN 'DELETE' THEN
       SELECT array_agg(DISTINCT channel_id::text) INTO chans FROM members_old;
