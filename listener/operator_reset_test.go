@@ -10,41 +10,66 @@ import (
 )
 
 // An operator resets a viewer by deleting their visibility_state row while a publication is
-// pending. The outbox row goes with it (before 0010 it stayed, came back 'stale' from every
-// publication and was claimed again after each lease, forever); the viewer's next change starts
-// above every generation the deleted row had (0011: before, it started over at 1) and converges.
+// pending. The old outbox row goes with it (before 0010 it stayed, came back 'stale' from every
+// publication and was claimed again after each lease, forever). The pending change is not lost
+// (before 0026 nothing was pending after the reset, and the snapshot kept the state from before
+// the hide until the viewer's next change): the row is made again, pending above every generation
+// the deleted row had (0011: before, it started over at 1), and converges on the current state.
 func TestOperatorResetOfVisibilityState(t *testing.T) {
 	e := newPubEnv(t)
 	ctx := context.Background()
-	viewer, x := e.hiddenViewer()
+	viewer, x := e.hiddenViewer() // generation 1, pending
 	e.exec(`DELETE FROM buzz.visibility_state WHERE viewer = $1`, viewer)
-	var rows int
-	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM buzz.visibility_outbox WHERE viewer = $1`, viewer).Scan(&rows); err != nil {
-		t.Fatal(err)
+	if g := e.gens(viewer); g.published != 1 || g.target != 2 {
+		t.Fatalf("after resetting a pending viewer: published %d, target %d; want 1, 2 (pending above the deleted row's 1)",
+			g.published, g.target)
 	}
-	if rows != 0 {
-		t.Fatal("the outbox row outlived its viewer's state row")
+	if rows := mustInt(t, e.pool, `SELECT count(*) FROM buzz.visibility_outbox WHERE viewer = $1 AND generation = 2`, viewer); rows != 1 {
+		t.Fatalf("%d outbox rows for the re-made generation 2, want 1", rows)
 	}
 	var pending int64
 	if err := e.pool.QueryRow(ctx, `SELECT pending_viewers FROM buzz.visibility_lag()`).Scan(&pending); err != nil {
 		t.Fatal(err)
 	}
-	if pending != 0 {
-		t.Fatalf("visibility_lag counts %d pending viewers after the reset", pending)
+	if pending != 1 {
+		t.Fatalf("visibility_lag counts %d pending viewers after the reset, want 1", pending)
 	}
 
-	e.unhide(viewer, x)
-	if g := e.gens(viewer); g.published != 1 || g.target != 2 {
-		t.Fatalf("after the reset the next change: published %d, target %d; want 1, 2 (above the deleted row's 1)",
-			g.published, g.target)
-	}
-	// Started only now: a publisher already running could publish generation 2 before the check
-	// above reads it. It finds the pending change in the outbox, like any publisher starting.
+	// Started only now: a publisher already running could publish generation 2 before the checks
+	// above read it. It finds the pending change in the outbox, like any publisher starting.
 	e.start(e.publisher("A", nil))
+	e.waitConverged([]string{viewer}, 10*time.Second)
+	if _, hs := e.head(viewer); len(hs) != 1 || hs[0] != x {
+		t.Fatalf("snapshot after the reset: %v, want the hide made before it (%s)", hs, x)
+	}
+	e.unhide(viewer, x)
 	e.waitConverged([]string{viewer}, 10*time.Second)
 	if _, hs := e.head(viewer); len(hs) != 0 {
 		t.Fatalf("snapshot after unhide: %v, want none hidden", hs)
 	}
+}
+
+// A viewer with nothing pending is reset to nothing: no row, no work; their next change starts
+// above the generations the deleted row had.
+func TestOperatorResetOfAConvergedViewer(t *testing.T) {
+	e := newPubEnv(t)
+	viewer, x := e.hiddenViewer()
+	stop := e.start(e.publisher("A", nil))
+	e.waitConverged([]string{viewer}, 10*time.Second)
+	stop()
+	e.exec(`DELETE FROM buzz.visibility_state WHERE viewer = $1`, viewer)
+	if n := mustInt(t, e.pool, `SELECT count(*) FROM buzz.visibility_state WHERE viewer = $1`, viewer); n != 0 {
+		t.Fatalf("%d state rows after resetting a converged viewer, want 0", n)
+	}
+	if n := mustInt(t, e.pool, `SELECT count(*) FROM buzz.visibility_outbox WHERE viewer = $1`, viewer); n != 0 {
+		t.Fatalf("%d outbox rows after resetting a converged viewer, want 0", n)
+	}
+	e.unhide(viewer, x)
+	if g := e.gens(viewer); g.published != 1 || g.target != 2 {
+		t.Fatalf("after the reset the next change: published %d, target %d; want 1, 2", g.published, g.target)
+	}
+	e.start(e.publisher("B", nil))
+	e.waitConverged([]string{viewer}, 10*time.Second)
 }
 
 // A publisher read the viewer's source (generation 3, X hidden) before the operator's reset, and
@@ -116,13 +141,25 @@ func olderReadAcrossReset(t *testing.T, changes int) {
 // A change of the viewer races the reset itself: it read buzz.visibility_retired while the delete
 // was not committed yet, then waited for the deleted row and inserted a new one that was not lifted
 // (it would restart at generation 1 and repeat 1 to 3). 0011's insert check refuses it with
-// SQLSTATE 40001, which Go retries; the retry starts above the retired generation.
+// SQLSTATE 40001, which Go retries; the retry starts above the retired generation. When the
+// viewer had a change pending, the reset makes the row again itself (0026): the change waits for
+// that row and lands above it, with no refusal.
 func TestOperatorResetRacingAChange(t *testing.T) {
+	t.Run("nothing pending", func(t *testing.T) { resetRacingAChange(t, false) })
+	t.Run("change pending", func(t *testing.T) { resetRacingAChange(t, true) })
+}
+
+func resetRacingAChange(t *testing.T, pending bool) {
 	e := newPubEnv(t)
 	ctx := context.Background()
 	viewer, x := e.hiddenViewer()
 	e.unhide(viewer, x)
 	e.hide(viewer, x)
+	if !pending {
+		stop := e.start(e.publisher("A", nil))
+		e.waitConverged([]string{viewer}, 10*time.Second)
+		stop()
+	}
 
 	reset, err := e.pool.Begin(ctx)
 	if err != nil {
@@ -144,6 +181,17 @@ func TestOperatorResetRacingAChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-done
+	if pending {
+		if changeErr != nil {
+			t.Fatalf("the change racing the reset of a pending viewer: %v, want it to wait and succeed", changeErr)
+		}
+		if g := e.gens(viewer); g.published != 3 || g.target != 5 {
+			t.Fatalf("after the change: published %d, target %d; want 3, 5 (the reset's re-made 3, 4, then the change)", g.published, g.target)
+		}
+		e.start(e.publisher("B", nil))
+		e.waitConverged([]string{viewer}, 10*time.Second)
+		return
+	}
 	if err := changeErr; !db.Retryable(err) {
 		g := e.gens(viewer)
 		t.Fatalf("the change racing the reset: err %v, published %d, target %d; want a retryable refusal", err, g.published, g.target)
@@ -155,14 +203,63 @@ func TestOperatorResetRacingAChange(t *testing.T) {
 }
 
 // TRUNCATE fires no row triggers: 0011 records every viewer's generation before one, so a
-// truncated state restarts above it like a deleted row.
+// truncated state restarts above it like a deleted row, and a viewer with an unpublished change is
+// made pending again above it (0026), so the change is not lost.
 func TestOperatorTruncateOfVisibilityState(t *testing.T) {
 	e := newPubEnv(t)
 	viewer, x := e.hiddenViewer()
-	e.unhide(viewer, x)
+	e.unhide(viewer, x) // generation 2, pending: published shows nothing yet
+	converged, y := e.hiddenViewer()
+	stop := e.start(e.publisher("A", nil))
+	e.waitConverged([]string{viewer, converged}, 10*time.Second)
+	stop()
+	e.hide(viewer, x) // generation 3, unpublished
 	e.exec(`TRUNCATE buzz.visibility_state CASCADE`)
-	e.hide(viewer, x)
-	if g := e.gens(viewer); g.published != 2 || g.target != 3 {
-		t.Fatalf("after TRUNCATE the next change: published %d, target %d; want 2, 3", g.published, g.target)
+	if g := e.gens(viewer); g.published != 3 || g.target != 4 {
+		t.Fatalf("after TRUNCATE the pending viewer: published %d, target %d; want 3, 4", g.published, g.target)
+	}
+	if n := mustInt(t, e.pool, `SELECT count(*) FROM buzz.visibility_state WHERE viewer = $1`, converged); n != 0 {
+		t.Fatalf("%d state rows for the converged viewer after TRUNCATE, want 0", n)
+	}
+	if n := mustInt(t, e.pool, `SELECT count(*) FROM buzz.visibility_reset_pending`); n != 0 {
+		t.Fatalf("visibility_reset_pending keeps %d rows after the TRUNCATE, want 0", n)
+	}
+	e.unhide(converged, y)
+	if g := e.gens(converged); g.published != 1 || g.target != 2 {
+		t.Fatalf("after TRUNCATE the next change: published %d, target %d; want 1, 2", g.published, g.target)
+	}
+	e.start(e.publisher("B", nil))
+	e.waitConverged([]string{viewer, converged}, 10*time.Second)
+	if _, hs := e.head(viewer); len(hs) != 1 || hs[0] != x {
+		t.Fatalf("snapshot after TRUNCATE: %v, want the hide made before it (%s)", hs, x)
+	}
+}
+
+// TRUNCATE of the member rows (itself, or cascaded from channels) empties every hidden set at
+// once with no row trigger; before 0026 no generation moved and each viewer's snapshot kept its
+// hidden DMs for good.
+func TestOperatorTruncateOfMembersRepublishes(t *testing.T) {
+	for _, stmt := range []string{`TRUNCATE buzz.members`, `TRUNCATE buzz.channels CASCADE`} {
+		t.Run(stmt, func(t *testing.T) {
+			e := newPubEnv(t)
+			a, x := e.hiddenViewer()
+			b, y := e.hiddenViewer()
+			e.start(e.publisher("A", nil))
+			e.waitConverged([]string{a, b}, 10*time.Second)
+			if _, hs := e.head(a); len(hs) != 1 || hs[0] != x {
+				t.Fatalf("setup: snapshot of a hides %v, want %s", hs, x)
+			}
+			before := e.gens(b)
+			e.exec(stmt)
+			if g := e.gens(b); g.target != before.target+1 {
+				t.Fatalf("%s: target generation %d, want %d (one bump per viewer with a hidden DM)", stmt, g.target, before.target+1)
+			}
+			e.waitConverged([]string{a, b}, 10*time.Second)
+			for v, ch := range map[string]string{a: x, b: y} {
+				if _, hs := e.head(v); len(hs) != 0 {
+					t.Fatalf("%s: snapshot still hides %v (was %s), want none", stmt, hs, ch)
+				}
+			}
+		})
 	}
 }

@@ -41,10 +41,12 @@ func TestOperatorGenerationWritesRefused(t *testing.T) {
 	u, uch := snapSQLDM(t, pool)
 	hide(u, uch, true)
 	publish(u)
-	// w: reset at generation 2; its retired row is what the last cases aim at.
+	// w: converged at generation 2, then reset (nothing pending, so no row is made again, 0026);
+	// its retired row is what the last cases aim at.
 	w, wch := snapSQLDM(t, pool)
 	hide(w, wch, true)
 	hide(w, wch, false)
+	publish(w)
 	snapExec(t, pool, `DELETE FROM buzz.visibility_state WHERE viewer = $1`, w)
 	if g := gens(v); g != [2]int64{2, 1} {
 		t.Fatalf("v's generations %v, want target 2, published 1", g)
@@ -94,12 +96,16 @@ func TestOperatorGenerationWritesRefused(t *testing.T) {
 		snapExec(t, pool, `UPDATE buzz.visibility_retired SET generation = 5 WHERE viewer = $1`, w)
 		hide(w, wch, true) // w's new row: published 5, target 6
 		publish(w)
-		// TRUNCATE retires every row through the upsert, raising v's and w's retired rows.
+		// TRUNCATE retires every row through the upsert, raising v's and w's retired rows; v had a
+		// change pending and is made pending again above its retired 4 (0026).
 		snapExec(t, pool, `TRUNCATE buzz.visibility_state CASCADE`)
 		retired := testenv.MustColumn[int64](t, pool, `SELECT generation FROM buzz.visibility_retired WHERE viewer = ANY($1) ORDER BY viewer = $2`,
 			[]string{v, w}, w)
 		if len(retired) != 2 || retired[0] != 4 || retired[1] != 6 {
 			t.Fatalf("retired after TRUNCATE: v, w = %v, want 4, 6", retired)
+		}
+		if g := gens(v); g != [2]int64{5, 4} {
+			t.Fatalf("v after TRUNCATE: %v, want target 5, published 4", g)
 		}
 		hide(w, wch, false)
 		if g := gens(w); g != [2]int64{7, 6} {
