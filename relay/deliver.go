@@ -43,11 +43,11 @@ func (s *Server) Deliver(d evt.Delivery) {
 			s.log.Error("panic in Deliver", "panic", p, "id", d.Event.ID)
 		}
 	}()
+	ix := newTagIndex(d.Event)
 	if d.Xid != 0 && !d.Due && !isEphemeral(d.Event.Kind) {
 		// Kept before any connection sees it, for a REQ whose query misses it (recentStored).
-		s.recent.add(d, timeNow())
+		s.recent.add(d, ix, timeNow())
 	}
-	ix := newTagIndex(d.Event)
 	var members []string
 	if d.Scope.Kind == evt.ScopeChannel {
 		// A DM no subscription here matches costs no lookup: a client posting round-robin to
@@ -264,6 +264,16 @@ func (s *subscription) matching(d evt.Delivery, ix tagIndex) (matched, liveOnly 
 		}
 	}
 	return matched, false
+}
+
+// hasQueried reports whether one of the filters has an initial query.
+func (s *subscription) hasQueried() bool {
+	for _, f := range s.filters {
+		if f.limit > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // matchesQueried reports whether d matches a filter that had an initial query.

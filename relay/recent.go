@@ -15,14 +15,16 @@ import (
 // count, bytes and age: the gap is a commit's last steps, or a synchronous standby's reply.
 type recentStored struct {
 	mu    sync.Mutex
-	ring  []recentEntry // circular, oldest at head; allocated on first use
+	ring  []*recentEntry // circular, oldest at head; allocated on first use
 	head  int
 	n     int
 	bytes int
 }
 
+// recentEntry is never changed once kept, so matching can read it after the lock is gone.
 type recentEntry struct {
 	d     evt.Delivery
+	ix    tagIndex // Deliver's index of the event's tags (nil for few tags), built once
 	at    time.Time
 	bytes int
 }
@@ -33,42 +35,56 @@ const (
 	recentMaxAge     = 5 * time.Second
 )
 
-func (r *recentStored) add(d evt.Delivery, now time.Time) {
+func (r *recentStored) add(d evt.Delivery, ix tagIndex, now time.Time) {
 	size := approxSize(d)
+	if ix != nil {
+		size += indexedTagBytes * len(ix)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.ring == nil {
-		r.ring = make([]recentEntry, recentMaxEntries)
+		r.ring = make([]*recentEntry, recentMaxEntries)
 	}
 	for r.n > 0 && (r.n == len(r.ring) || r.bytes+size > recentMaxBytes || now.Sub(r.ring[r.head].at) > recentMaxAge) {
 		r.bytes -= r.ring[r.head].bytes
-		r.ring[r.head] = recentEntry{} // the event can go
+		r.ring[r.head] = nil // the event can go
 		r.head = (r.head + 1) % len(r.ring)
 		r.n--
 	}
-	r.ring[(r.head+r.n)%len(r.ring)] = recentEntry{d: d, at: now, bytes: size}
+	r.ring[(r.head+r.n)%len(r.ring)] = &recentEntry{d: d, ix: ix, at: now, bytes: size}
 	r.n++
 	r.bytes += size
 }
 
 // matching returns the kept deliveries one of sub's queried filters matches, oldest first.
 // Called as the subscription registers; its query's snapshot then says which of them it missed.
-// The lock is held only to copy: Deliver waits on it.
+// Every REQ pays for it before any limit applies, so the work stays small: nothing for a
+// subscription without a queried filter, the lock held only to copy pointers (Deliver waits on
+// it), and each event's tag index built once, by Deliver, not once per REQ (a client repeating
+// REQs while the ring held events with thousands of tags cost a core here, review finding).
 func (r *recentStored) matching(sub *subscription, now time.Time) []evt.Delivery {
+	if !sub.hasQueried() {
+		return nil
+	}
 	r.mu.Lock()
-	kept := make([]recentEntry, 0, r.n)
+	kept := make([]*recentEntry, 0, r.n)
 	for i := 0; i < r.n; i++ {
-		kept = append(kept, r.ring[(r.head+i)%len(r.ring)])
+		if e := r.ring[(r.head+i)%len(r.ring)]; now.Sub(e.at) <= recentMaxAge {
+			kept = append(kept, e)
+		}
 	}
 	r.mu.Unlock()
 	var out []evt.Delivery
 	for _, e := range kept {
-		if now.Sub(e.at) <= recentMaxAge && sub.matchesQueried(e.d, newTagIndex(e.d.Event)) {
+		if sub.matchesQueried(e.d, e.ix) {
 			out = append(out, e.d)
 		}
 	}
 	return out
 }
+
+// indexedTagBytes is about what one entry of a tagIndex costs (key, map slot and overhead).
+const indexedTagBytes = 64
 
 func approxSize(d evt.Delivery) int {
 	n := 256 + len(d.Event.Content)
