@@ -412,3 +412,45 @@ func TestLiveDuringQueryNotResentAfterAFlood(t *testing.T) {
 		t.Fatalf("CLOSED %q; the stored event sent %d times, %d events in all; want it once among %d", closed, n, len(got), flood+1)
 	}
 }
+
+// An event kept for replay (delivered before the REQ registered, not visible to its query) that
+// also comes live while the query runs is sent once, even when more live events than seen holds
+// follow it before the replay: sentLive, kept until the replay is out, still has it (before, it
+// was dropped once the rows were out, and the replay sent the event a second time).
+func TestReplayAfterAFloodSendsTheEventOnce(t *testing.T) {
+	tr := startRelay(t, nil)
+	ctx := context.Background()
+	_, pk := testenv.NewKey()
+	tx, err := tr.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	pending, xid := pendingRow(t, tx, pk)
+	tr.s.Deliver(storedDelivery(&pending, xid))
+
+	var once sync.Once
+	defer hooks.Set("relay.req.queried", func(context.Context) {
+		once.Do(func() {
+			tr.s.Deliver(storedDelivery(&pending, xid)) // resent by the stream: goes out live
+			for i := 0; i < seenPerSub+100; i++ {       // and then pushes it out of seen
+				ev := nostr.Event{ID: randHex64(), PubKey: pk, CreatedAt: nostr.Now(), Kind: 1, Tags: nostr.Tags{}}
+				tr.s.Deliver(storedDelivery(&ev, xid+1))
+			}
+		})
+	})()
+	c := tr.dial(t)
+	got, closed := c.reqOrClosed("s", nostr.Filter{Authors: []string{pk}})
+	if closed != "" {
+		t.Fatalf("REQ closed: %s", closed)
+	}
+	n := 0
+	for _, e := range got {
+		if e.ID == pending.ID {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("the pending event was sent %d times before EOSE (of %d events), want once", n, len(got))
+	}
+}

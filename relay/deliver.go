@@ -240,14 +240,22 @@ func (sub *subscription) remindersOnly() bool {
 // they can be members of a DM) matches d, before any read gate.
 func (s *Server) anySubscriptionMatches(d evt.Delivery, ix tagIndex) bool {
 	for _, c := range s.authedConns() {
-		c.mu.Lock()
-		for _, sub := range c.subs {
-			if sub.matchesAny(d, ix) {
-				c.mu.Unlock()
-				return true
-			}
+		if c.anySubMatches(d, ix) {
+			return true
 		}
-		c.mu.Unlock()
+	}
+	return false
+}
+
+// anySubMatches: the unlock is deferred so that a panic in matching (recovered by Deliver) cannot
+// leave c.mu held, which would stall all live delivery at this connection's next event.
+func (c *conn) anySubMatches(d evt.Delivery, ix tagIndex) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, sub := range c.subs {
+		if sub.matchesAny(d, ix) {
+			return true
+		}
 	}
 	return false
 }

@@ -159,8 +159,7 @@ func (c *conn) recoverQuery(subID string, sub *subscription) {
 		if sub.ctx.Err() != nil {
 			return // closed or replaced: a CLOSED now would name its successor
 		}
-		c.removeSub(sub)
-		c.sendClosed(subID, "error: internal error")
+		c.endSub(sub, "error: internal error")
 	}
 }
 
@@ -184,16 +183,16 @@ func (c *conn) runInitial(sub *subscription, before []evt.Delivery) {
 		if sub.ctx.Err() != nil {
 			return
 		}
-		c.removeSub(sub)
-		c.sendClosed(sub.id, "error: relay busy, try again")
+		hooks.At(sub.ctx, "relay.req.busy")
+		c.endSub(sub, "error: relay busy, try again")
+		hooks.At(sub.ctx, "relay.req.busy.ended")
 		return
 	}
 	if err != nil {
 		if sub.ctx.Err() != nil {
 			return // closed, replaced, or the connection went away
 		}
-		c.removeSub(sub)
-		c.sendClosed(sub.id, queryErrorReason(err))
+		c.endSub(sub, queryErrorReason(err))
 		if !isTimeout(err) {
 			c.log.Error("REQ query failed", "sub", sub.id, "err", err)
 		}
@@ -226,12 +225,12 @@ func (c *conn) runInitial(sub *subscription, before []evt.Delivery) {
 		c.releaseInitial(int64(len(r.json)))
 		held -= int64(len(r.json))
 	}
-	sub.mu.Lock()
-	sub.sentLive = nil // the rows are out: live deliveries from now on are new to them
-	sub.mu.Unlock()
 	if !c.replayUnseen(sub, before) {
 		return
 	}
+	sub.mu.Lock()
+	sub.sentLive = nil // the rows and the replay are out: live deliveries from now on are new to them
+	sub.mu.Unlock()
 	sub.sendLocked(c, marshalArray("EOSE", sub.id), nil)
 }
 
@@ -250,8 +249,7 @@ func (c *conn) replayUnseen(sub *subscription, unseen []evt.Delivery) bool {
 		if err != nil {
 			if sub.ctx.Err() == nil {
 				c.log.Warn("membership lookup failed for a REQ; subscription closed", "sub", sub.id, "err", err)
-				c.removeSub(sub)
-				c.sendClosed(sub.id, "error: could not check channel membership, try again")
+				c.endSub(sub, "error: could not check channel membership, try again")
 			}
 			return false
 		}
@@ -259,7 +257,13 @@ func (c *conn) replayUnseen(sub *subscription, unseen []evt.Delivery) bool {
 			continue
 		}
 		id := keyOf(d.Event.ID)
-		if !sub.sendLocked(c, eventMessage(sub.prefix, eventJSON(d.Event)), func() bool { return sub.seen.add(id) }) {
+		// sentLive as for the rows: seen alone may have evicted an event that came live meanwhile.
+		if !sub.sendLocked(c, eventMessage(sub.prefix, eventJSON(d.Event)), func() bool {
+			if _, live := sub.sentLive[id]; live {
+				return false
+			}
+			return sub.seen.add(id)
+		}) {
 			return false
 		}
 	}

@@ -345,3 +345,47 @@ func cutAnswer(t *testing.T, tr *testRelay, c *client, bound string) (nostr.Filt
 	testenv.WaitUntil(t, 10*time.Second, "the bytes given back after the answer", func() bool { return tr.s.initial.used.Load() == 0 })
 	return f, len(got)
 }
+
+// A REQ whose answer fails (here: the budget is spent) ends with CLOSED, unless a REQ reusing its
+// id replaced it in the meantime: the CLOSED would then name the new subscription, which the
+// client would drop while the relay went on delivering to it. The replacement comes after the
+// failed REQ's check of its own context (hook relay.req.busy), the window the check alone missed.
+func TestFailedREQDoesNotCloseItsReplacement(t *testing.T) {
+	tr := startRelay(t, func(c *Config) { c.InitialResultBudget = 8 << 10 })
+	c := tr.dial(t)
+	f, _ := cutAnswer(t, tr, c, "the 8 KiB budget")
+	reached, release := holdFirstAnswer(t)
+	holder := tr.dial(t)
+	holder.sendJSON("REQ", "held", f)
+	<-reached
+
+	busy, goOn, ended := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	t.Cleanup(hooks.Set("relay.req.busy", func(context.Context) { close(busy); <-goOn }))
+	t.Cleanup(hooks.Set("relay.req.busy.ended", func(context.Context) { close(ended) }))
+	c.sendJSON("REQ", "x", f) // finds the budget spent
+	<-busy
+	sk, pk := testenv.NewKey()
+	if got, closed := c.reqOrClosed("x", nostr.Filter{Authors: []string{pk}, LimitZero: true}); len(got) != 0 || closed != "" {
+		t.Fatalf("the replacing REQ: %d events, CLOSED %q; want an empty EOSE", len(got), closed)
+	}
+	close(goOn)
+	<-ended
+	live := signed(sk, 1, "live", nostr.Now())
+	tr.s.Deliver(publicDelivery(&live))
+	for {
+		m := c.read()
+		if len(m) < 2 || str(m[1]) != "x" {
+			continue
+		}
+		if c.verb(m) == "CLOSED" {
+			t.Fatalf("the failed REQ's CLOSED named its replacement: %s", joinRaw(m))
+		}
+		if c.verb(m) == "EVENT" {
+			break
+		}
+	}
+	close(release)
+	if _, closed := holder.collect("held"); closed != "" {
+		t.Fatalf("the held answer closed: %s", closed)
+	}
+}

@@ -24,8 +24,9 @@ type subscription struct {
 	mu     sync.Mutex // guards closed, seen, snap and rows; also held while enqueueing one of its events
 	closed bool
 	seen   *idFIFO[idKey]
-	// sentLive holds, until the initial rows are sent, the ids delivered live meanwhile: seen may
-	// evict them under a flood, and a row of one would then be sent twice. Bounded by
+	// sentLive holds, until the initial rows and the replayed deliveries (replayUnseen) are sent,
+	// the ids delivered live meanwhile: seen may evict them under a flood, and a row of one would
+	// then be sent twice. Bounded by
 	// sentLiveMax (past it, seen alone decides).
 	sentLive map[idKey]struct{}
 	snap     *pgSnapshot // the initial query's; nil until it has run (or when it had nothing to read)
@@ -194,12 +195,18 @@ func (c *conn) handleClose(subID string) {
 	}
 }
 
-// removeSub drops sub if it is still the registered one for its id (a replacement is left alone).
-func (c *conn) removeSub(sub *subscription) {
+// endSub ends sub and answers CLOSED with reason, only while sub is the subscription registered
+// under its id. A REQ that reused the id removed sub first (under c.mu); a CLOSED after that
+// would name its successor, which goes on receiving events. Checked and queued under c.mu, so no
+// REQ of that id registers in between (as closeID).
+func (c *conn) endSub(sub *subscription, reason string) {
 	c.mu.Lock()
-	if c.subs[sub.id] == sub {
-		delete(c.subs, sub.id)
+	defer c.mu.Unlock()
+	if c.subs[sub.id] != sub {
+		sub.close()
+		return
 	}
-	c.mu.Unlock()
+	delete(c.subs, sub.id)
 	sub.close()
+	c.sendClosed(sub.id, reason) // never waits (send), as Deliver enqueues under c.mu too
 }
