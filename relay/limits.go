@@ -84,7 +84,8 @@ const (
 	pongWait           = 75 * time.Second // read deadline, renewed by any frame from the client and by each full write batch it takes while more is queued
 	pingPeriod         = 30 * time.Second
 	slowCloseGrace     = 2 * time.Second // after a send-queue overflow, how long the NOTICE + close frame may take
-	seenPerSub         = 4096            // live de-dup ids remembered per subscription (FIFO)
+	seenPerSub         = 4096            // live de-dup ids remembered per subscription (FIFO) until its EOSE
+	seenAfterEOSE      = 256             // and after it (the fan-out de-duplicates exactly; this is a backstop)
 	sentLiveMax        = 65536           // ids delivered live while a REQ's query runs, kept until its rows are sent
 	sentRowsMax        = 4096            // initial row ids kept for a REQ's limit-0 filters while its snapshot is held
 	duePerConn         = 1024            // (id, stamp) due signals remembered per connection

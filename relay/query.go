@@ -230,6 +230,10 @@ func (c *conn) runInitial(sub *subscription, before []evt.Delivery) {
 	}
 	sub.mu.Lock()
 	sub.sentLive = nil // the rows and the replay are out: live deliveries from now on are new to them
+	// From here on seen only backs up the fan-out's own exact de-dup (stream position and change
+	// count), so a short window does: 4,096 ids cost about 224 KiB per subscription for as long as
+	// it lives, 256 about 13 KiB (relay/seen_test.go).
+	sub.seen.shrink(seenAfterEOSE)
 	sub.mu.Unlock()
 	sub.sendLocked(c, marshalArray("EOSE", sub.id), nil)
 }

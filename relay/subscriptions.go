@@ -184,6 +184,24 @@ func (f *idFIFO[K]) add(k K) bool {
 	return true
 }
 
+// shrink keeps the newest n keys. A map gives no memory back as keys are deleted, so both the
+// map and the ring are made anew.
+func (f *idFIFO[K]) shrink(n int) {
+	if n >= f.cap {
+		return
+	}
+	total := len(f.ring)
+	keep := make([]K, 0, n)
+	for i := max(0, total-n); i < total; i++ {
+		keep = append(keep, f.ring[(f.next+i)%total]) // f.next is the oldest once the ring is full, else 0
+	}
+	f.ring, f.next, f.cap = keep, 0, n
+	f.set = make(map[K]struct{}, len(keep))
+	for _, k := range keep {
+		f.set[k] = struct{}{}
+	}
+}
+
 // handleClose ends a subscription (NIP-01 CLOSE); unknown ids are ignored.
 func (c *conn) handleClose(subID string) {
 	c.mu.Lock()
