@@ -139,6 +139,10 @@ func (s *Server) checkEvent(ev *nostr.Event, authed []string, now time.Time) str
 		if recipients(ev) > 1 {
 			return "invalid: a gift wrap names one recipient (p tag); send one wrap per recipient"
 		}
+		// The channel's members and the recipient would both have a claim to read it (sql/0027).
+		if slices.ContainsFunc(ev.Tags, func(t nostr.Tag) bool { return len(t) >= 2 && t[0] == "h" }) {
+			return "invalid: a gift wrap names no channel (h tag); it is read by its recipient (p tag) only"
+		}
 	}
 	if int64(ev.CreatedAt) > now.Unix()+s.cfg.MaxFutureSeconds {
 		return "invalid: created_at too far in future"

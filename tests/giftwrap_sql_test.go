@@ -3,12 +3,14 @@ package tests
 // A gift wrap (1059) is served to the one pubkey its p tag names (PROTOCOL.md, read gates). The
 // relay refuses a wrap naming two different keys before it calls accept_event; before 0024 an
 // operator's `SELECT buzz.accept_event(...)` stored one, readable by its first recipient only.
-// accept_event now gives the relay's answer for every p-tag shape, from psql as over the wire.
+// accept_event now gives the relay's answer for every p-tag shape, from psql as over the wire,
+// and (0027) refuses a wrap with an h tag, which two read gates would claim.
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -25,6 +27,7 @@ func TestGiftWrapRecipientsFromSQLAsFromTheRelay(t *testing.T) {
 	sender, x, y := testenv.NewUser(), testenv.NewUser(), testenv.NewUser()
 
 	const oneRecipient = "invalid: a gift wrap names one recipient (p tag); send one wrap per recipient"
+	const noChannel = "invalid: a gift wrap names no channel (h tag); it is read by its recipient (p tag) only"
 	cases := []struct {
 		name string
 		tags nostr.Tags
@@ -34,6 +37,9 @@ func TestGiftWrapRecipientsFromSQLAsFromTheRelay(t *testing.T) {
 		{"a second recipient that is no key", nostr.Tags{{"p", x.PK}, {"p", "someone"}}, oneRecipient},
 		{"no p tag", nostr.Tags{{"e", x.PK}}, "invalid: gift wrap needs a p tag"},
 		{"one recipient twice, once with a relay hint", nostr.Tags{{"p", x.PK}, {"p", x.PK, "wss://relay.example"}}, ""},
+		// Two gates would claim it, the channel's members and the recipient (0027).
+		{"an h tag", nostr.Tags{{"p", x.PK}, {"h", "6a0f5f4e-2f3c-4b7a-9d1e-0c4f3b2a1e9d"}}, noChannel},
+		{"an h tag naming nothing that exists, before the p", nostr.Tags{{"h", "not-a-channel"}, {"p", x.PK}}, noChannel},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -69,4 +75,26 @@ func TestGiftWrapRecipientsFromSQLAsFromTheRelay(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The case the refusal is for: a member of a DM wraps an event naming that DM for someone who is
+// not a member. Before 0027 it was stored with the recipient's gate ('p'), so a non-member read
+// an event naming the channel while its members could not.
+func TestGiftWrapNamingItsSendersDMIsRefused(t *testing.T) {
+	pool := testenv.Pool(t, testenv.FreshDB(t))
+	ctx := context.Background()
+	sender, outsider, member := testenv.NewUser(), testenv.NewUser(), testenv.NewUser()
+	var ch string
+	if err := pool.QueryRow(ctx, `SELECT channel_id::text FROM buzz.open_dm($1, ARRAY[$2], NULL)`, sender.PK, member.PK).Scan(&ch); err != nil {
+		t.Fatal(err)
+	}
+	ev := sender.Event(t, 1059, nostr.Tags{{"p", outsider.PK}, {"h", ch}}, "sealed")
+	raw, _ := json.Marshal(ev)
+	before := opinState(t, pool)
+	_, err := pool.Exec(ctx, `SELECT buzz.accept_event($1::jsonb)`, string(raw))
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "BZ400" || !strings.HasPrefix(pgErr.Message, "invalid: a gift wrap names no channel") {
+		t.Fatalf("a wrap naming the sender's DM, for an outsider: err %v; want BZ400 invalid: a gift wrap names no channel", err)
+	}
+	opinAssertUnchanged(t, before, opinState(t, pool))
 }
