@@ -116,12 +116,7 @@ func TestEventDeliveredBeforeItsCommitIsVisibleIsReplayed(t *testing.T) {
 	seen, seenXid := storeRows(t, tr, pk, 1)
 	tr.s.Deliver(storedDelivery(&seen[0], seenXid))
 
-	tx, err := tr.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	pending, xid := pendingRow(t, tx, pk)
+	tx, pending, xid := openPendingRow(t, tr, pk)
 	tr.s.Deliver(storedDelivery(&pending, xid))
 	_, stranger := testenv.NewKey()
 	private := nostr.Event{ID: randHex64(), PubKey: pk, CreatedAt: nostr.Now(), Kind: 1, Tags: nostr.Tags{}}
@@ -193,14 +188,8 @@ func TestSubscriptionDropsItsSnapshotPastItsWALPosition(t *testing.T) {
 // snapshot misses is still sent.
 func TestReplayKeepsWhatWasDeliveredAtRegistration(t *testing.T) {
 	tr := startRelay(t, nil)
-	ctx := context.Background()
 	_, pk := testenv.NewKey()
-	tx, err := tr.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	pending, xid := pendingRow(t, tx, pk)
+	_, pending, xid := openPendingRow(t, tr, pk)
 	tr.s.Deliver(storedDelivery(&pending, xid))
 
 	reached, release := make(chan struct{}), make(chan struct{})
@@ -261,6 +250,20 @@ func dmEventWhoseLookupFails(t *testing.T) (tr *testRelay, a, b party) {
 		}
 	})
 	return tr, a, b
+}
+
+// openPendingRow begins a transaction on tr's pool (rolled back at cleanup unless the test commits
+// it) and inserts a pendingRow of pk in it.
+func openPendingRow(t *testing.T, tr *testRelay, pk string) (pgx.Tx, nostr.Event, uint32) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := tr.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	ev, xid := pendingRow(t, tx, pk)
+	return tx, ev, xid
 }
 
 // pendingRow inserts a public kind-1 row of pk in tx (not committed: other sessions do not see
@@ -419,14 +422,8 @@ func TestLiveDuringQueryNotResentAfterAFlood(t *testing.T) {
 // was dropped once the rows were out, and the replay sent the event a second time).
 func TestReplayAfterAFloodSendsTheEventOnce(t *testing.T) {
 	tr := startRelay(t, nil)
-	ctx := context.Background()
 	_, pk := testenv.NewKey()
-	tx, err := tr.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	pending, xid := pendingRow(t, tx, pk)
+	_, pending, xid := openPendingRow(t, tr, pk)
 	tr.s.Deliver(storedDelivery(&pending, xid))
 
 	var once sync.Once
