@@ -78,6 +78,10 @@ type Fanout struct {
 
 	// startHook, when set (tests), chooses the LSN a session asks the server to start from.
 	startHook func(last pglogrepl.LSN) pglogrepl.LSN
+	// attachedHook, when set (tests), runs in each session right after START_REPLICATION.
+	attachedHook func()
+	// waitHook, when set (tests), replaces the reconnect backoff's sleep (fanBackoff.sleep).
+	waitHook func(base time.Duration) bool
 }
 
 // NewFanout prepares a fan-out; Run starts it.
@@ -184,7 +188,11 @@ func (f *Fanout) Run(ctx context.Context) error {
 	go func() { defer close(hbDone); f.heartbeatLoop(ctx) }()
 	defer func() { cancel(); <-hbDone }() // also on a fatal return: stop heart-beating first
 
+	if f.waitHook != nil {
+		bo.sleep = f.waitHook
+	}
 	for {
+		began := time.Now()
 		attached, err := f.stream(ctx)
 		if ctx.Err() != nil {
 			return nil
@@ -193,7 +201,10 @@ func (f *Fanout) Run(ctx context.Context) error {
 		if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege: retrying cannot help
 			return fmt.Errorf("fan-out: %w: the database role needs the REPLICATION attribute (ALTER ROLE <role> REPLICATION) to stream changes and manage slots", err)
 		}
-		if attached {
+		// Only a session that lasted starts the backoff over: one that fails right after attaching
+		// every time (a WAL segment gone, a message that cannot be decoded) would otherwise
+		// reconnect ten times a second for good (review finding).
+		if attached && time.Since(began) >= stableSession {
 			bo.reset()
 		}
 		if errors.As(err, &pgErr) && pgErr.Code == "55006" { // object_in_use: the slot is streaming to someone else
@@ -241,16 +252,28 @@ func (f *Fanout) Close(ctx context.Context) error {
 	return err
 }
 
+// stableSession is how long a replication session must have lasted for its end to start the
+// reconnect backoff over at 100 ms.
+const stableSession = 10 * time.Second
+
 // fanBackoff doubles from 100ms to a 5s cap, with jitter so processes that lost the server together
-// do not come back in lockstep.
-type fanBackoff struct{ d time.Duration }
+// do not come back in lockstep. sleep, when set (tests), is called with the undoubled base instead
+// of waiting.
+type fanBackoff struct {
+	d     time.Duration
+	sleep func(base time.Duration) bool
+}
 
 func newFanBackoff() *fanBackoff { return &fanBackoff{d: 100 * time.Millisecond} }
 func (b *fanBackoff) reset()     { b.d = 100 * time.Millisecond }
 func (b *fanBackoff) wait(ctx context.Context) bool {
+	base := b.d
 	d := b.d/2 + time.Duration(rand.Int64N(int64(b.d/2)+1))
 	if b.d *= 2; b.d > 5*time.Second {
 		b.d = 5 * time.Second
+	}
+	if b.sleep != nil {
+		return b.sleep(base) && ctx.Err() == nil
 	}
 	select {
 	case <-ctx.Done():

@@ -2,6 +2,8 @@ package listener
 
 import (
 	"context"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -139,5 +141,51 @@ func TestFanoutOutageLongerThanStaleAfterReapsNobody(t *testing.T) {
 	})
 	if na, nb := a.slotsMade.Load(), b.slotsMade.Load(); na != 1 || nb != 1 {
 		t.Fatalf("slots created: a %d, b %d; want 1 each (a slot was reaped after the outage)", na, nb)
+	}
+}
+
+// A session that fails right after attaching, again and again, backs off: 100 ms doubling to the
+// 5 s cap. Before, any attach reset the backoff, so such a loop reconnected about ten times a
+// second for good. The walsender is terminated right after each attach (attachedHook) and the
+// backoff's waits are recorded instead of slept.
+func TestFanoutBackoffGrowsWhenSessionsEndRightAfterAttaching(t *testing.T) {
+	h := newFanHarness(t)
+	ctx := context.Background()
+	instance := fanInstance("bo")
+	const kills = 7
+	var mu sync.Mutex
+	var killed int
+	var bases []time.Duration
+	f, _ := h.start(FanoutConfig{InstanceID: instance}, newFanRecSink(), func(f *Fanout) {
+		f.attachedHook = func() {
+			mu.Lock()
+			defer mu.Unlock()
+			if killed < kills {
+				killed++
+				if _, err := h.pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, SlotName(instance)); err != nil {
+					t.Errorf("terminate the walsender: %v", err)
+				}
+			}
+		}
+		f.waitHook = func(base time.Duration) bool {
+			mu.Lock()
+			defer mu.Unlock()
+			bases = append(bases, base)
+			return true
+		}
+	})
+	testenv.WaitUntil(t, 30*time.Second, "seven sessions ended and an eighth attached", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return killed == kills && len(bases) >= kills && f.Ready()
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	var want []time.Duration
+	for _, ms := range []time.Duration{100, 200, 400, 800, 1600, 3200, 5000} {
+		want = append(want, ms*time.Millisecond)
+	}
+	if !slices.Equal(bases[:kills], want) {
+		t.Fatalf("backoff bases %v, want %v (doubling to the cap)", bases, want)
 	}
 }

@@ -29,7 +29,8 @@ type replSession struct {
 }
 
 // stream runs one replication session: make sure the slot exists, attach, and hand everything to
-// the sink until an error. attached says whether START_REPLICATION succeeded (which resets the backoff).
+// the sink until an error. attached says whether START_REPLICATION succeeded (a session that then
+// lasted stableSession resets the backoff).
 func (f *Fanout) stream(ctx context.Context) (attached bool, err error) {
 	if err := f.ensureSlot(ctx); err != nil {
 		return false, err
@@ -52,6 +53,9 @@ func (f *Fanout) stream(ctx context.Context) (attached bool, err error) {
 		return false, fmt.Errorf("START_REPLICATION: %w", err)
 	}
 	f.ready.Store(true)
+	if f.attachedHook != nil {
+		f.attachedHook()
+	}
 	defer f.ready.Store(false)
 	// A break inside a transaction leaves it half handed over; if it is never resent (a new
 	// slot), Lag must not keep counting from its commit time.
