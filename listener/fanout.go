@@ -76,6 +76,13 @@ type Fanout struct {
 	closed  bool
 	running bool
 
+	// owns says this process created the slot or attached it at least once. Only then does Close
+	// remove the slot and the instance row: a second process started with the same instance id
+	// finds the slot, never attaches (55006), and must not take the first one's row and slot
+	// away when it stops (review finding: the owner's slot became an orphan, was reaped, and
+	// its subscribers missed what was committed until it made a new one).
+	owns atomic.Bool
+
 	// startHook, when set (tests), chooses the LSN a session asks the server to start from.
 	startHook func(last pglogrepl.LSN) pglogrepl.LSN
 	// attachedHook, when set (tests), runs in each session right after START_REPLICATION.
@@ -237,6 +244,11 @@ func (f *Fanout) Close(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+	}
+	if !f.owns.Load() {
+		f.log.Warn("fan-out closed without removing the slot and the instance row: this process neither created nor attached them (is another process running with this BUZZ_INSTANCE_ID?)",
+			"instance", f.cfg.InstanceID)
+		return nil
 	}
 	// The row goes first: a slot without an instance row is an orphan that any live process
 	// drops as soon as it is inactive, while one with a row waits out StaleAfter. Dropped after

@@ -53,6 +53,7 @@ func (f *Fanout) stream(ctx context.Context) (attached bool, err error) {
 		return false, fmt.Errorf("START_REPLICATION: %w", err)
 	}
 	f.ready.Store(true)
+	f.owns.Store(true)
 	if f.attachedHook != nil {
 		f.attachedHook()
 	}
@@ -290,6 +291,7 @@ func (f *Fanout) ensureSlot(ctx context.Context) error {
 		return err
 	}
 	f.hadSlot = true
+	f.owns.Store(true)
 	f.slotsMade.Add(1)
 	f.slotOnce.Do(func() { close(f.slotMade) })
 	f.log.Info("fan-out replication slot created")

@@ -676,3 +676,42 @@ func TestFanoutDeliveriesCarryTheirTransaction(t *testing.T) {
 		t.Fatalf("delivery CommitLSN %d, want the commit's, between %d and %d", d.CommitLSN, before, after)
 	}
 }
+
+// A second process started by mistake with the instance id of a running one finds its slot,
+// cannot attach (55006), and when it stops leaves the owner's instance row and slot alone. Before,
+// its Close deleted the row, and the owner's slot, now an orphan, was dropped by the next reaper
+// the moment it was inactive (a walsender restart), a gap for the owner's subscribers.
+func TestFanoutDuplicateInstanceLeavesTheOwnersSlot(t *testing.T) {
+	h := newFanHarness(t)
+	ctx := context.Background()
+	owner, _ := h.start(FanoutConfig{}, newFanRecSink(), nil)
+	instance := owner.cfg.InstanceID
+
+	dup := NewFanout(FanoutConfig{DatabaseURL: h.url, InstanceID: instance, Logger: fanLogger(t, nil)}, h.pool, newFanRecSink())
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- dup.Run(runCtx) }()
+	select {
+	case <-dup.SlotReady(): // it found the owner's slot
+	case <-time.After(30 * time.Second):
+		t.Fatal("the duplicate never found the slot")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("duplicate Run: %v", err)
+	}
+	cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+	defer ccancel()
+	if err := dup.Close(cctx); err != nil {
+		t.Fatalf("duplicate Close: %v", err)
+	}
+	if n := mustInt(t, h.pool, `SELECT count(*) FROM buzz.instances WHERE instance_id = $1`, instance); n != 1 {
+		t.Fatalf("the owner's instance row is gone after the duplicate stopped (%d rows)", n)
+	}
+	if !h.slotExists(ctx, owner.Slot()) {
+		t.Fatal("the owner's slot is gone after the duplicate stopped")
+	}
+	if !owner.Ready() {
+		t.Fatal("the owner is no longer attached")
+	}
+}
