@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"math"
 	"net/netip"
 	"net/url"
 	"os"
@@ -185,6 +186,17 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	if c.MaxFutureSeconds <= 0 {
 		return c, fmt.Errorf("BUZZ_MAX_FUTURE_SECONDS must be at least 1 (got %d)", c.MaxFutureSeconds)
 	}
+	// now + the bound must not overflow, in Go or in accept_event, which reads it from the
+	// shared buzz.config: one process with a huge value would break acceptance on all of them.
+	if c.MaxFutureSeconds > maxFutureSeconds {
+		return c, fmt.Errorf("BUZZ_MAX_FUTURE_SECONDS must be at most %d, ten years (got %d)", maxFutureSeconds, c.MaxFutureSeconds)
+	}
+	if c.MetricsListen != "" && c.MetricsListen == c.Listen {
+		return c, fmt.Errorf("BUZZ_METRICS_LISTEN and BUZZ_LISTEN are both %s: give the metrics their own (private) address", c.Listen)
+	}
+	if c.DebugListen != "" && (c.DebugListen == c.Listen || c.DebugListen == c.MetricsListen) {
+		return c, fmt.Errorf("BUZZ_DEBUG_LISTEN %s is also BUZZ_LISTEN or BUZZ_METRICS_LISTEN: give the profiles their own (private) address", c.DebugListen)
+	}
 	if c.InstanceID == "" {
 		host, _ := os.Hostname()
 		c.InstanceID = fmt.Sprintf("%s_%d_%d", host, os.Getpid(), time.Now().UnixNano()%1e6)
@@ -221,6 +233,14 @@ const minSlotStaleAfter = 3 * time.Second
 // re-reads after a reminder confirm whose outcome is unknown).
 const maxLease = time.Hour
 
+// maxFutureSeconds bounds BUZZ_MAX_FUTURE_SECONDS (ten years).
+const maxFutureSeconds = 10 * 365 * 24 * 3600
+
+// maxQueryTimeout bounds BUZZ_QUERY_TIMEOUT: it becomes each REQ's statement_timeout, which
+// PostgreSQL refuses above 2^31-1 ms (every REQ would then fail), and a query that needs an hour
+// is not one a relay should run for a client.
+const maxQueryTimeout = time.Hour
+
 // maxReminderBatch bounds BUZZ_REMINDER_BATCH. claim_due_reminders takes p_max as an integer, so
 // PostgreSQL would refuse anything above 2^31-1, at every claim instead of at start-up. Far below
 // that a batch stops making sense: it is one claim statement whose rows the process holds in
@@ -253,6 +273,7 @@ func (c *serveConfig) checkRanges() error {
 	atLeast("BUZZ_SLOT_STALE_AFTER", c.SlotStaleAfter, minSlotStaleAfter)
 	atLeast("BUZZ_SHUTDOWN_GRACE", c.ShutdownGrace, 0)
 	atLeast("BUZZ_DB_WAIT", c.DBWait, 0)
+	atMost("BUZZ_QUERY_TIMEOUT", c.QueryTimeout, maxQueryTimeout)
 	atMost("BUZZ_LEASE", c.Lease, maxLease)
 	atMost("BUZZ_REMINDER_LEASE", c.ReminderLease, maxLease)
 	if c.ReminderBatch > maxReminderBatch {
@@ -260,8 +281,8 @@ func (c *serveConfig) checkRanges() error {
 	}
 	for name, v := range map[string]float64{"BUZZ_EVENT_RATE": c.EventRate, "BUZZ_REQ_RATE": c.ReqRate,
 		"BUZZ_IP_EVENT_RATE": c.IPEventRate, "BUZZ_IP_REQ_RATE": c.IPReqRate} {
-		if v < 0 {
-			bad = append(bad, fmt.Sprintf("%s=%g must be 0 (unlimited) or more", name, v))
+		if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) { // NaN passes "< 0", then breaks NIP-11's JSON
+			bad = append(bad, fmt.Sprintf("%s=%g must be 0 (unlimited) or a finite number above it", name, v))
 		}
 	}
 	for name, v := range map[string]int{"BUZZ_EVENT_BURST": c.EventBurst, "BUZZ_REQ_BURST": c.ReqBurst,

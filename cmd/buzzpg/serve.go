@@ -132,8 +132,14 @@ func serve(cfg serveConfig, log *slog.Logger) (err error) {
 		}
 		close(migrating)
 		if err := db.MigrateUp(cfg.DatabaseURL, log); err != nil {
-			close(migrated)
-			return err
+			// A newer schema is served as with auto-migrate off (checkSchema says so): an old
+			// binary restarting during a rollout or a rollback must not crash-loop on it.
+			var newer *db.SchemaNewerError
+			if !errors.As(err, &newer) {
+				close(migrated)
+				return err
+			}
+			log.Warn("not migrating: the schema is newer than this binary", "schema_version", newer.Have, "binary_version", newer.Latest)
 		}
 	}
 	close(migrated)

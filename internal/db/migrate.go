@@ -64,14 +64,28 @@ func MigrateURL(databaseURL string) (string, error) {
 	return u.String(), nil
 }
 
+// SchemaNewerError says the database's schema is newer than this binary's migrations: a newer
+// binary migrated it (a rolling deploy, or a rollback of the binary). There is nothing to apply,
+// and golang-migrate, which cannot find the applied version among our files, would fail with
+// "no migration found for version N".
+type SchemaNewerError struct{ Have, Latest uint }
+
+func (e *SchemaNewerError) Error() string {
+	return fmt.Sprintf("migrations: the schema is at version %d, newer than this binary's %d: nothing to apply (a newer buzzpg migrated it; migrate with that one, or `migrate down` with it to go back)", e.Have, e.Latest)
+}
+
 // MigrateUp applies all pending migrations. Concurrent callers serialise on golang-migrate's
-// advisory lock; the losers find nothing to do.
+// advisory lock; the losers find nothing to do. A clean schema newer than this binary's is a
+// *SchemaNewerError.
 func MigrateUp(databaseURL string, log *slog.Logger) error {
 	m, err := NewMigrator(databaseURL, log)
 	if err != nil {
 		return err
 	}
 	defer m.Close()
+	if v, dirty, err := m.Version(); err == nil && !dirty && v > LatestVersion() {
+		return &SchemaNewerError{Have: v, Latest: LatestVersion()}
+	}
 	if err := m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
 		var dirty migrate.ErrDirty
 		if errors.As(err, &dirty) {

@@ -113,6 +113,36 @@ func TestStartupRefusesDirtyOrMissingSchema(t *testing.T) {
 	}
 }
 
+// An old binary during a rollout or a rollback finds the schema a newer one migrated. `serve`
+// with auto-migrate (the default) serves it, as with auto-migrate off, instead of exiting on
+// golang-migrate's "no migration found for version N" and crash-looping; `migrate up` says what
+// happened. The newer schema is faked by raising the recorded version.
+func TestOldBinaryServesANewerSchema(t *testing.T) {
+	url := testenv.FreshDB(t)
+	pool := testenv.Pool(t, url)
+	newer := db.LatestVersion() + 1
+	if _, err := pool.Exec(context.Background(), `UPDATE `+db.MigrationsTable+` SET version = $1`, newer); err != nil {
+		t.Fatal(err)
+	}
+	out, code := runBinary(t, []string{"DATABASE_URL=" + url}, "migrate", "up")
+	if code == 0 || !strings.Contains(out, "newer than this binary") {
+		t.Fatalf("migrate up on a newer schema: exit %d:\n%s", code, out)
+	}
+	r := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: url})
+	if code, body := get(t, r.HTTPURL+"/readyz"); code != 200 {
+		t.Fatalf("/readyz on a newer schema: %d %s", code, body)
+	}
+	c := r.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Publish(ctx, *testenv.NewUser().Event(t, 1, nil, "served by an older binary")); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	if v := testenv.MustInt(t, pool, `SELECT version FROM `+db.MigrationsTable); uint(v) != newer {
+		t.Fatalf("schema version %d after serve, want %d untouched", v, newer)
+	}
+}
+
 func TestKeygen(t *testing.T) {
 	out, code := runBinary(t, nil, "keygen")
 	if code != 0 || !regexp.MustCompile(`^[0-9a-f]{64}\n$`).MatchString(out) {
