@@ -132,6 +132,12 @@ func (c *conn) run() {
 			}
 			break
 		}
+		if c.closing.Load() != nil {
+			// Being closed (send queue overflow, rate limits ignored, shutdown): read on only
+			// until the close handshake ends, so that a flood keeps no PostgreSQL work going
+			// for the grace period.
+			continue
+		}
 		c.handle(data)
 		// Renewed after handling, not before: handling can wait for the client's own queries
 		// (the per-connection bound), and that wait must not count against its read deadline.
@@ -207,9 +213,17 @@ func (c *conn) writeLoop() {
 				if len(batch) == 0 {
 					break
 				}
-				n, err := writeTextFrames(c.ws.NetConn(), batch)
+				n, err := writeTextFrames(c.ws.NetConn(), batch, c.s.writeWait)
 				c.q.written(n)
 				if err != nil {
+					// A write that timed out is a client not reading what it asked for (initial
+					// results wait for room in the queue instead of overflowing it): the usual
+					// end of a slow REQ reader, so it is counted and logged like an overflow.
+					var ne net.Error
+					if errors.As(err, &ne) && ne.Timeout() && c.closing.Load() == nil && c.ctx.Err() == nil {
+						metrics.SlowClientsClosed.WithLabelValues("write_timeout").Inc()
+						c.log.Warn("write timed out, closing slow client", "write_wait", c.s.writeWait.String())
+					}
 					c.kill("write: " + err.Error())
 					return
 				}
@@ -229,7 +243,7 @@ func (c *conn) writeLoop() {
 				// slow reader, or an answer the query keeps refilling, may never let it).
 				select {
 				case data := <-c.pong:
-					if err := c.ws.WriteControl(websocket.PongMessage, []byte(data), timeNow().Add(writeWait)); err != nil {
+					if err := c.ws.WriteControl(websocket.PongMessage, []byte(data), timeNow().Add(c.s.writeWait)); err != nil {
 						c.kill("pong: " + err.Error())
 						return
 					}
@@ -237,7 +251,7 @@ func (c *conn) writeLoop() {
 				}
 				select {
 				case <-ping.C:
-					if err := c.ws.WriteControl(websocket.PingMessage, nil, timeNow().Add(writeWait)); err != nil {
+					if err := c.ws.WriteControl(websocket.PingMessage, nil, timeNow().Add(c.s.writeWait)); err != nil {
 						c.kill("ping: " + err.Error())
 						return
 					}
@@ -252,12 +266,12 @@ func (c *conn) writeLoop() {
 				return
 			}
 		case <-ping.C:
-			if err := c.ws.WriteControl(websocket.PingMessage, nil, timeNow().Add(writeWait)); err != nil {
+			if err := c.ws.WriteControl(websocket.PingMessage, nil, timeNow().Add(c.s.writeWait)); err != nil {
 				c.kill("ping: " + err.Error())
 				return
 			}
 		case data := <-c.pong:
-			if err := c.ws.WriteControl(websocket.PongMessage, []byte(data), timeNow().Add(writeWait)); err != nil {
+			if err := c.ws.WriteControl(websocket.PongMessage, []byte(data), timeNow().Add(c.s.writeWait)); err != nil {
 				c.kill("pong: " + err.Error())
 				return
 			}
@@ -272,7 +286,7 @@ func (c *conn) writeLoop() {
 // then 100 syscalls, the largest cost of a query after PostgreSQL itself. Writing frames directly
 // is safe beside gorilla's own control frames (ping, close): each is a single Write on the net.Conn,
 // whose writes are atomic with respect to each other. Returns the payload bytes written.
-func writeTextFrames(nc net.Conn, msgs [][]byte) (int, error) {
+func writeTextFrames(nc net.Conn, msgs [][]byte, wait time.Duration) (int, error) {
 	headers := make([]byte, 0, 10*len(msgs))
 	bufs := make(net.Buffers, 0, 2*len(msgs))
 	total := 0
@@ -290,7 +304,7 @@ func writeTextFrames(nc net.Conn, msgs [][]byte) (int, error) {
 		bufs = append(bufs, headers[start:len(headers):len(headers)], m)
 		total += len(m)
 	}
-	_ = nc.SetWriteDeadline(timeNow().Add(writeWait))
+	_ = nc.SetWriteDeadline(timeNow().Add(wait))
 	_, err := bufs.WriteTo(nc)
 	return total, err
 }
@@ -338,7 +352,7 @@ func (c *conn) overflow() {
 	if c.q.isClosed() {
 		return
 	}
-	metrics.SlowClientsClosed.Inc()
+	metrics.SlowClientsClosed.WithLabelValues("overflow").Inc()
 	c.log.Warn("send queue overflow, closing slow client", "limit_bytes", c.s.cfg.SendQueueBytes)
 	c.closeGracefully(websocket.ClosePolicyViolation, "send queue overflow", "error: too slow, send queue full")
 }

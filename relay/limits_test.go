@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -9,7 +10,9 @@ import (
 
 	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/buzzpg/buzzpg/internal/metrics"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
@@ -155,8 +158,18 @@ func TestIgnoringRateLimitsDisconnects(t *testing.T) {
 		t.Fatalf("over budget: %+v", r)
 	}
 	refused := 0
+	counted := func() float64 { return testutil.ToFloat64(metrics.RateLimited.WithLabelValues("EVENT")) }
+	before := counted() - 1 // the refusal awaited above
 	for i := 1; i < maxLimitedStreak; i++ {
 		c.sendJSON("EVENT", ev)
+	}
+	// Frames after the one that closes the connection are read but not handled (before, the
+	// read loop went on handling them, one accept_event each, for the 2 s the close may take).
+	extra, _ := json.Marshal([]any{"EVENT", ev})
+	for i := 0; i < 500; i++ {
+		if err := c.ws.WriteMessage(websocket.TextMessage, extra); err != nil {
+			break // the relay may have closed already
+		}
 	}
 	var notice string
 	for {
@@ -181,5 +194,9 @@ func TestIgnoringRateLimitsDisconnects(t *testing.T) {
 	// Closing drops replies still queued, so fewer OKs than refusals may arrive.
 	if refused > maxLimitedStreak-1 || !strings.HasPrefix(notice, "rate-limited:") {
 		t.Fatalf("refused %d more (at most %d), notice %q", refused, maxLimitedStreak-1, notice)
+	}
+	<-tr.closed // the read loop is done: nothing more can be handled
+	if n := counted() - before; n != maxLimitedStreak {
+		t.Fatalf("%v EVENTs handled as rate-limited, want %d: frames after the close were handled", n, maxLimitedStreak)
 	}
 }

@@ -56,6 +56,7 @@ type Server struct {
 	memberWait time.Duration // how long one member-set lookup may take (memberLookupWait)
 	readWait   time.Duration // read deadline of a connection (pongWait)
 	pingEvery  time.Duration // how often the relay pings a connection (pingPeriod)
+	writeWait  time.Duration // how long one write may take before the client counts as stuck (writeWait)
 	// lookup serves live delivery's member-set lookups (SetLookupPool); the acceptance pool
 	// until set.
 	lookup *pgxpool.Pool
@@ -107,6 +108,7 @@ func New(cfg Config, acceptPool, queryPool *pgxpool.Pool) (*Server, error) {
 	s.stop, s.stopWork = context.WithCancel(context.Background())
 	s.memberWait = memberLookupWait
 	s.readWait = pongWait
+	s.writeWait = writeWait
 	s.pingEvery = pingPeriod
 	s.lookup = acceptPool
 	if cfg.RelaySecretKey != "" {

@@ -12,7 +12,9 @@ import (
 
 	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/buzzpg/buzzpg/internal/metrics"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
@@ -286,4 +288,40 @@ func TestClientPingsDoNotCutABlockedWrite(t *testing.T) {
 	if pongs == 0 {
 		t.Fatal("no pong came back")
 	}
+}
+
+// A client that asks for a large answer and does not read it is ended by the write deadline, not
+// by a queue overflow (initial rows wait for room instead): that is counted and logged as a slow
+// client too (buzz_slow_clients_closed_total{reason="write_timeout"}); before, only overflows were.
+func TestSlowREQReaderIsCountedWhenItsWriteTimesOut(t *testing.T) {
+	tr := startRelay(t, nil)
+	tr.s.writeWait = time.Second
+	pub := tr.dial(t)
+	sk, pk := testenv.NewKey()
+	content := strings.Repeat("w", 16<<10)
+	base := int64(nostr.Now()) - 1000
+	for i := 0; i < 64; i++ { // ~1 MB: far beyond a 4 KiB socket buffer
+		pub.mustPublish(signed(sk, 1, content, nostr.Timestamp(base+int64(i))))
+	}
+	timeouts := func() float64 { return testutil.ToFloat64(metrics.SlowClientsClosed.WithLabelValues("write_timeout")) }
+	overflows := func() float64 { return testutil.ToFloat64(metrics.SlowClientsClosed.WithLabelValues("overflow")) }
+	t0, o0 := timeouts(), overflows()
+	c, _ := tr.dialThrottled(t)
+	c.sendJSON("REQ", "big", nostr.Filter{Authors: []string{pk}})
+	// From here on the client reads nothing.
+	select {
+	case cc := <-tr.closed:
+		if !strings.Contains(cc.reason, "i/o timeout") {
+			t.Fatalf("closed for %q, want the write deadline", cc.reason)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the client that reads nothing was not closed")
+	}
+	if d := timeouts() - t0; d != 1 {
+		t.Fatalf("write_timeout closes counted: %v, want 1", d)
+	}
+	if d := overflows() - o0; d != 0 {
+		t.Fatalf("overflow closes counted: %v, want 0", d)
+	}
+	alive(t, pub)
 }

@@ -28,9 +28,9 @@ var (
 	Subscriptions = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "buzz_subscriptions", Help: "Live subscriptions across connections.",
 	})
-	SlowClientsClosed = promauto.NewCounter(prometheus.CounterOpts{
-		Name: "buzz_slow_clients_closed_total", Help: "Connections closed because their send queue overflowed.",
-	})
+	SlowClientsClosed = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "buzz_slow_clients_closed_total", Help: "Connections closed for not reading: their send queue overflowed (overflow), or a write to them timed out (write_timeout).",
+	}, []string{"reason"})
 	RateLimited = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "buzz_rate_limited_total", Help: "Messages answered rate-limited:, by verb.",
 	}, []string{"verb"})
