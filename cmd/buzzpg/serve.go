@@ -119,7 +119,7 @@ func serve(cfg serveConfig, log *slog.Logger) (err error) {
 	if err := db.WaitReachable(ctx, cfg.DatabaseURL, cfg.DBWait, log); err != nil {
 		return err
 	}
-	if err := checkWalLevel(ctx, cfg.DatabaseURL); err != nil {
+	if err := checkWalLevel(ctx, cfg.DatabaseURL, !cfg.NoRelay); err != nil {
 		return err
 	}
 	if cfg.AutoMigrate {
@@ -543,11 +543,25 @@ func probeListen(addr string) error {
 }
 
 // checkWalLevel refuses a server without logical decoding before anything is written to it.
-func checkWalLevel(ctx context.Context, url string) error {
+func checkWalLevel(ctx context.Context, url string, fanout bool) error {
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.Background())
-	return listener.CheckWalLevel(ctx, conn)
+	if err := listener.CheckWalLevel(ctx, conn); err != nil || !fanout {
+		return err
+	}
+	// Checked here too, not only when the fan-out first streams: by then the process listens and
+	// has written the deployment's settings into buzz.config, which a misconfigured process
+	// should not do before it dies.
+	var role string
+	var may bool
+	if err := conn.QueryRow(ctx, `SELECT current_user, rolsuper OR rolreplication FROM pg_roles WHERE rolname = current_user`).Scan(&role, &may); err != nil {
+		return fmt.Errorf("checking the database role's REPLICATION attribute: %w", err)
+	}
+	if !may {
+		return fmt.Errorf("the database role %q lacks the REPLICATION attribute, which the fan-out needs to stream changes and manage its slot: ALTER ROLE %s REPLICATION (or run the listener alone with --no-relay)", role, pgx.Identifier{role}.Sanitize())
+	}
+	return nil
 }
