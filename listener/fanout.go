@@ -208,6 +208,10 @@ func (f *Fanout) Run(ctx context.Context) error {
 		if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege: retrying cannot help
 			return fmt.Errorf("fan-out: %w: the database role needs the REPLICATION attribute (ALTER ROLE <role> REPLICATION) to stream changes and manage slots", err)
 		}
+		var elsewhere *SlotElsewhereError
+		if errors.As(err, &elsewhere) { // nor can it here
+			return fmt.Errorf("fan-out: %w", err)
+		}
 		// Only a session that lasted starts the backoff over: one that fails right after attaching
 		// every time (a WAL segment gone, a message that cannot be decoded) would otherwise
 		// reconnect ten times a second for good (review finding).

@@ -715,3 +715,29 @@ func TestFanoutDuplicateInstanceLeavesTheOwnersSlot(t *testing.T) {
 		t.Fatal("the owner is no longer attached")
 	}
 }
+
+// Slot names are cluster-wide: an instance id whose slot a process of another database already
+// made cannot stream here, and no retry changes that. Run fails at once, saying to change the id
+// (before, it retried with a warning for good, and a start that raced the other one's creation
+// took 42710 for its own slot and served without live delivery).
+func TestFanoutSlotOfAnotherDatabaseIsFatal(t *testing.T) {
+	h := newFanHarness(t)
+	ctx := context.Background()
+	instance := fanInstance("elsewhere")
+	other := testenv.Pool(t, testenv.EmptyDB(t))
+	if _, err := other.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, SlotName(instance)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = other.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, SlotName(instance)) })
+	f := NewFanout(FanoutConfig{DatabaseURL: h.url, InstanceID: instance, Logger: fanLogger(t, nil)}, h.pool, newFanRecSink())
+	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	err := f.Run(rctx)
+	if err == nil || !strings.Contains(err.Error(), "belongs to database") {
+		t.Fatalf("Run = %v, want a fatal error naming the other database", err)
+	}
+	// The race: creation found the name taken (42710) by the other database's slot.
+	if err := createSlot(ctx, h.pool, SlotName(instance), 10*time.Second, fanLogger(t, nil)); err == nil || !strings.Contains(err.Error(), "belongs to database") {
+		t.Fatalf("createSlot over another database's slot = %v, want the other database named", err)
+	}
+}

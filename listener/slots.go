@@ -75,6 +75,14 @@ func CheckWalLevel(ctx context.Context, q interface {
 // slotExists reports whether slot exists and whether the server invalidated it (wal_status
 // 'lost'), and fails when a slot of that name belongs to another database (slot names are
 // cluster-wide; instance ids must be unique per cluster).
+// SlotElsewhereError: this instance's slot name is taken by a slot of another database of the
+// cluster (slot names are cluster-wide). Retrying cannot help: the instance id must change.
+type SlotElsewhereError struct{ Slot, Database, Ours string }
+
+func (e *SlotElsewhereError) Error() string {
+	return fmt.Sprintf("replication slot %s belongs to database %q, not %q: instance ids must be unique per PostgreSQL cluster (set another BUZZ_INSTANCE_ID)", e.Slot, e.Database, e.Ours)
+}
+
 func slotExists(ctx context.Context, pool *pgxpool.Pool, slot string) (exists, lost bool, err error) {
 	var db, cur, walStatus string
 	err = pool.QueryRow(ctx,
@@ -88,7 +96,7 @@ func slotExists(ctx context.Context, pool *pgxpool.Pool, slot string) (exists, l
 		return false, false, err
 	}
 	if db != cur {
-		return false, false, fmt.Errorf("replication slot %s belongs to database %q, not %q: instance ids must be unique per PostgreSQL cluster", slot, db, cur)
+		return false, false, &SlotElsewhereError{Slot: slot, Database: db, Ours: cur}
 	}
 	return true, walStatus == "lost", nil
 }
@@ -111,8 +119,11 @@ func createSlot(ctx context.Context, pool *pgxpool.Pool, slot string, timeout ti
 		return err
 	})
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42710" { // duplicate_object: a concurrent start won
-		return nil
+	if errors.As(err, &pgErr) && pgErr.Code == "42710" {
+		// duplicate_object: a concurrent start of this instance won, or a slot of the same name
+		// was made in another database meanwhile (slot names are cluster-wide): look.
+		_, _, err := slotExists(ctx, pool, slot)
+		return err
 	}
 	if errors.As(err, &pgErr) && pgErr.Code == "57014" { // query_canceled: our statement_timeout
 		logSlotBlockers(pool, slot, attempt, timeout, log)
