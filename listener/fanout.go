@@ -82,6 +82,9 @@ type Fanout struct {
 	// away when it stops (review finding: the owner's slot became an orphan, was reaped, and
 	// its subscribers missed what was committed until it made a new one).
 	owns atomic.Bool
+	// attachedAt is when the last session attached (Run's goroutine only): how long it lasted
+	// decides whether the backoff starts over.
+	attachedAt time.Time
 
 	// startHook, when set (tests), chooses the LSN a session asks the server to start from.
 	startHook func(last pglogrepl.LSN) pglogrepl.LSN
@@ -199,7 +202,6 @@ func (f *Fanout) Run(ctx context.Context) error {
 		bo.sleep = f.waitHook
 	}
 	for {
-		began := time.Now()
 		attached, err := f.stream(ctx)
 		if ctx.Err() != nil {
 			return nil
@@ -215,7 +217,7 @@ func (f *Fanout) Run(ctx context.Context) error {
 		// Only a session that lasted starts the backoff over: one that fails right after attaching
 		// every time (a WAL segment gone, a message that cannot be decoded) would otherwise
 		// reconnect ten times a second for good (review finding).
-		if attached && time.Since(began) >= stableSession {
+		if attached && time.Since(f.attachedAt) >= stableSession {
 			bo.reset()
 		}
 		if errors.As(err, &pgErr) && pgErr.Code == "55006" { // object_in_use: the slot is streaming to someone else

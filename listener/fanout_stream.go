@@ -54,6 +54,7 @@ func (f *Fanout) stream(ctx context.Context) (attached bool, err error) {
 	}
 	f.ready.Store(true)
 	f.owns.Store(true)
+	f.attachedAt = time.Now()
 	if f.attachedHook != nil {
 		f.attachedHook()
 	}
@@ -287,14 +288,20 @@ func (f *Fanout) ensureSlot(ctx context.Context) error {
 	if err := f.beat(ctx); err != nil {
 		return err
 	}
-	if err := createSlot(ctx, f.pool, f.slot, f.cfg.SlotCreateTimeout, f.log); err != nil {
+	created, err := createSlot(ctx, f.pool, f.slot, f.cfg.SlotCreateTimeout, f.log)
+	if err != nil {
 		return err
 	}
 	f.hadSlot = true
-	f.owns.Store(true)
-	f.slotsMade.Add(1)
 	f.slotOnce.Do(func() { close(f.slotMade) })
-	f.log.Info("fan-out replication slot created")
+	if created {
+		f.owns.Store(true)
+		f.slotsMade.Add(1)
+		f.log.Info("fan-out replication slot created")
+	} else {
+		// 42710: another start with this instance id made it meanwhile; not ours to drop.
+		f.log.Warn("fan-out replication slot was created by another process meanwhile (is another process running with this BUZZ_INSTANCE_ID?)")
+	}
 	if lost {
 		// A member edit announced while the slot was missing never reaches us, and a cached set
 		// is only dropped when one does: forget them all before the first event of the new slot.

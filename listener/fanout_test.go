@@ -737,7 +737,7 @@ func TestFanoutSlotOfAnotherDatabaseIsFatal(t *testing.T) {
 		t.Fatalf("Run = %v, want a fatal error naming the other database", err)
 	}
 	// The race: creation found the name taken (42710) by the other database's slot.
-	if err := createSlot(ctx, h.pool, SlotName(instance), 10*time.Second, fanLogger(t, nil)); err == nil || !strings.Contains(err.Error(), "belongs to database") {
+	if _, err := createSlot(ctx, h.pool, SlotName(instance), 10*time.Second, fanLogger(t, nil)); err == nil || !strings.Contains(err.Error(), "belongs to database") {
 		t.Fatalf("createSlot over another database's slot = %v, want the other database named", err)
 	}
 }

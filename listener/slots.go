@@ -72,9 +72,6 @@ func CheckWalLevel(ctx context.Context, q interface {
 	return nil
 }
 
-// slotExists reports whether slot exists and whether the server invalidated it (wal_status
-// 'lost'), and fails when a slot of that name belongs to another database (slot names are
-// cluster-wide; instance ids must be unique per cluster).
 // SlotElsewhereError: this instance's slot name is taken by a slot of another database of the
 // cluster (slot names are cluster-wide). Retrying cannot help: the instance id must change.
 type SlotElsewhereError struct{ Slot, Database, Ours string }
@@ -83,6 +80,9 @@ func (e *SlotElsewhereError) Error() string {
 	return fmt.Sprintf("replication slot %s belongs to database %q, not %q: instance ids must be unique per PostgreSQL cluster (set another BUZZ_INSTANCE_ID)", e.Slot, e.Database, e.Ours)
 }
 
+// slotExists reports whether slot exists and whether the server invalidated it (wal_status
+// 'lost'), and fails when a slot of that name belongs to another database (slot names are
+// cluster-wide; instance ids must be unique per cluster).
 func slotExists(ctx context.Context, pool *pgxpool.Pool, slot string) (exists, lost bool, err error) {
 	var db, cur, walStatus string
 	err = pool.QueryRow(ctx,
@@ -109,9 +109,9 @@ func slotExists(ctx context.Context, pool *pgxpool.Pool, slot string) (exists, l
 // sessions that are old enough to be the cause, and the caller retries with backoff. The timeout
 // is enforced by the server (statement_timeout), so the half-created (ephemeral) slot is dropped
 // by PostgreSQL itself instead of lingering behind a client that went away.
-func createSlot(ctx context.Context, pool *pgxpool.Pool, slot string, timeout time.Duration, log *slog.Logger) error {
+func createSlot(ctx context.Context, pool *pgxpool.Pool, slot string, timeout time.Duration, log *slog.Logger) (created bool, err error) {
 	attempt := time.Now()
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT set_config('statement_timeout', $1, true)`, fmt.Sprintf("%dms", timeout.Milliseconds())); err != nil {
 			return err
 		}
@@ -122,17 +122,18 @@ func createSlot(ctx context.Context, pool *pgxpool.Pool, slot string, timeout ti
 	if errors.As(err, &pgErr) && pgErr.Code == "42710" {
 		// duplicate_object: a concurrent start of this instance won, or a slot of the same name
 		// was made in another database meanwhile (slot names are cluster-wide): look.
+		// Not created by us, either way.
 		_, _, err := slotExists(ctx, pool, slot)
-		return err
+		return false, err
 	}
 	if errors.As(err, &pgErr) && pgErr.Code == "57014" { // query_canceled: our statement_timeout
 		logSlotBlockers(pool, slot, attempt, timeout, log)
-		return fmt.Errorf("creating replication slot %s timed out after %s (see the blocking sessions logged above)", slot, timeout)
+		return false, fmt.Errorf("creating replication slot %s timed out after %s (see the blocking sessions logged above)", slot, timeout)
 	}
 	if err != nil {
-		return fmt.Errorf("creating replication slot %s: %w", slot, err)
+		return false, fmt.Errorf("creating replication slot %s: %w", slot, err)
 	}
-	return nil
+	return true, nil
 }
 
 // logSlotBlockers logs sessions and prepared transactions that hold an xid since before the slot

@@ -217,14 +217,16 @@ func (c *conn) handleClose(subID string) {
 // under its id. A REQ that reused the id removed sub first (under c.mu); a CLOSED after that
 // would name its successor, which goes on receiving events. Checked and queued under c.mu, so no
 // REQ of that id registers in between (as closeID).
+// sub.close() runs after c.mu is released: a sub.mu left held by a panic in its goroutine would
+// otherwise keep c.mu, and with it every Deliver to this connection, for good. Out of c.subs, the
+// subscription gets nothing from Deliver meanwhile.
 func (c *conn) endSub(sub *subscription, reason string) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.subs[sub.id] != sub {
-		sub.close()
-		return
+	current := c.subs[sub.id] == sub
+	if current {
+		delete(c.subs, sub.id)
+		c.sendClosed(sub.id, reason) // never waits (send), as Deliver enqueues under c.mu too
 	}
-	delete(c.subs, sub.id)
+	c.mu.Unlock()
 	sub.close()
-	c.sendClosed(sub.id, reason) // never waits (send), as Deliver enqueues under c.mu too
 }

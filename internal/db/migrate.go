@@ -87,6 +87,10 @@ func MigrateUp(databaseURL string, log *slog.Logger) error {
 		return &SchemaNewerError{Have: v, Latest: LatestVersion()}
 	}
 	if err := m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
+		// A newer binary may have migrated past us while we waited for the lock.
+		if v, dirty, verr := m.Version(); verr == nil && !dirty && v > LatestVersion() {
+			return &SchemaNewerError{Have: v, Latest: LatestVersion()}
+		}
 		var dirty migrate.ErrDirty
 		if errors.As(err, &dirty) {
 			return fmt.Errorf("migrations: %s", DirtyAdvice(int(dirty.Version)))

@@ -114,6 +114,9 @@ func init() {
 	for _, v := range []string{"query", "connection", "ip", "budget"} {
 		InitialTruncated.WithLabelValues(v)
 	}
+	for _, v := range []string{"overflow", "write_timeout"} {
+		SlowClientsClosed.WithLabelValues(v)
+	}
 }
 
 // RegisterFanout exports the replication stream's state, read at scrape time.
