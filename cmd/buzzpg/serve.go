@@ -13,7 +13,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/buzzpg/buzzpg/internal/db"
@@ -555,13 +557,28 @@ func checkWalLevel(ctx context.Context, url string, fanout bool) error {
 	// Checked here too, not only when the fan-out first streams: by then the process listens and
 	// has written the deployment's settings into buzz.config, which a misconfigured process
 	// should not do before it dies.
+	// Asked of the server by opening a replication connection, not read from pg_roles: managed
+	// services grant replication through a role of theirs (rds_replication on Amazon RDS) and
+	// leave rolreplication false.
 	var role string
-	var may bool
-	if err := conn.QueryRow(ctx, `SELECT current_user, rolsuper OR rolreplication FROM pg_roles WHERE rolname = current_user`).Scan(&role, &may); err != nil {
-		return fmt.Errorf("checking the database role's REPLICATION attribute: %w", err)
+	if err := conn.QueryRow(ctx, `SELECT current_user`).Scan(&role); err != nil {
+		return err
 	}
-	if !may {
-		return fmt.Errorf("the database role %q lacks the REPLICATION attribute, which the fan-out needs to stream changes and manage its slot: ALTER ROLE %s REPLICATION (or run the listener alone with --no-relay)", role, pgx.Identifier{role}.Sanitize())
+	rcfg, err := pgconn.ParseConfig(url)
+	if err != nil {
+		return err
 	}
+	rcfg.RuntimeParams["replication"] = "database"
+	rc, err := pgconn.ConnectConfig(ctx, rcfg)
+	if err == nil {
+		_, err = pglogrepl.IdentifySystem(ctx, rc)
+		rc.Close(context.Background())
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		return fmt.Errorf("the database role %q may not open replication connections, which the fan-out needs to stream changes and manage its slot (%s): ALTER ROLE %s REPLICATION, or on a managed service its replication role (e.g. GRANT rds_replication on Amazon RDS); or run the listener alone with --no-relay",
+			role, pgErr.Message, pgx.Identifier{role}.Sanitize())
+	}
+	// Anything else (pg_hba.conf, the network) the fan-out reports, and retries, itself.
 	return nil
 }
