@@ -237,9 +237,11 @@ func TestOperatorTruncateOfVisibilityState(t *testing.T) {
 
 // TRUNCATE of the member rows (itself, or cascaded from channels) empties every hidden set at
 // once with no row trigger; before 0026 no generation moved and each viewer's snapshot kept its
-// hidden DMs for good.
+// hidden DMs for good. Also when the same statement truncates the state table, whatever the order.
 func TestOperatorTruncateOfMembersRepublishes(t *testing.T) {
-	for _, stmt := range []string{`TRUNCATE buzz.members`, `TRUNCATE buzz.channels CASCADE`} {
+	for _, stmt := range []string{`TRUNCATE buzz.members`, `TRUNCATE buzz.channels CASCADE`,
+		// With the state table too, named first: its BEFORE trigger runs before the members' one.
+		`TRUNCATE buzz.visibility_state, buzz.members CASCADE`, `TRUNCATE buzz.visibility_state, buzz.channels CASCADE`} {
 		t.Run(stmt, func(t *testing.T) {
 			e := newPubEnv(t)
 			a, x := e.hiddenViewer()

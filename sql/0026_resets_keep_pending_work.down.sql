@@ -1,7 +1,8 @@
 -- Back to 0025: TRUNCATE of buzz.members bumps no generation, and a reset drops pending work.
 
 DROP TRIGGER visibility_state_reset_pending ON buzz.visibility_state;
-DROP FUNCTION buzz.visibility_state_reset_pending();
+DROP TRIGGER members_hidden_truncated ON buzz.members;
+DROP FUNCTION buzz.visibility_reset_bump();
 DROP TRIGGER members_hidden_truncate ON buzz.members;
 DROP FUNCTION buzz.members_hidden_truncated();
 
