@@ -33,7 +33,14 @@ func (c *conn) handleEvent(ev *nostr.Event) {
 		c.replyEvent(ev.ID, false, reason)
 		return
 	}
+	if isEphemeral(ev.Kind) && c.s.ephemeral.seen(keyOf(ev.ID), timeNow()) {
+		c.replyEvent(ev.ID, true, "duplicate: already have this event")
+		return
+	}
 	ok, msg, err := c.s.acceptEvent(c.ctx, ev)
+	if err == nil && ok && msg == "" && isEphemeral(ev.Kind) {
+		c.s.ephemeral.add(keyOf(ev.ID), timeNow())
+	}
 	if err != nil {
 		if c.ctx.Err() != nil {
 			return // the client is gone; nobody to answer

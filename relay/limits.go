@@ -85,7 +85,7 @@ const (
 	pingPeriod         = 30 * time.Second
 	slowCloseGrace     = 2 * time.Second // after a send-queue overflow, how long the NOTICE + close frame may take
 	seenPerSub         = 4096            // live de-dup ids remembered per subscription (FIFO) until its EOSE
-	seenAfterEOSE      = 256             // and after it (the fan-out de-duplicates exactly; this is a backstop)
+	seenAfterEOSE      = 1024            // and after it (what can still repeat: one event stored again, or sent to two processes)
 	sentLiveMax        = 65536           // ids delivered live while a REQ's query runs, kept until its rows are sent
 	sentRowsMax        = 4096            // initial row ids kept for a REQ's limit-0 filters while its snapshot is held
 	duePerConn         = 1024            // (id, stamp) due signals remembered per connection

@@ -230,9 +230,11 @@ func (c *conn) runInitial(sub *subscription, before []evt.Delivery) {
 	}
 	sub.mu.Lock()
 	sub.sentLive = nil // the rows and the replay are out: live deliveries from now on are new to them
-	// From here on seen only backs up the fan-out's own exact de-dup (stream position and change
-	// count), so a short window does: 4,096 ids cost about 224 KiB per subscription for as long as
-	// it lives, 256 about 13 KiB (relay/seen_test.go).
+	// From here on the fan-out's own de-dup (stream position and change count) is exact, and an
+	// ephemeral event sent again to this process is answered duplicate: (recentEphemeral); seen is
+	// left with what neither catches (one event sent to two processes, or stored again after its
+	// replacement was deleted), so a shorter window does: 4,096 ids cost about 224 KiB per
+	// subscription for as long as it lives, 1,024 about 51 KiB (relay/seen_test.go).
 	sub.seen.shrink(seenAfterEOSE)
 	sub.mu.Unlock()
 	sub.sendLocked(c, marshalArray("EOSE", sub.id), nil)

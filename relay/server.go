@@ -40,8 +40,9 @@ type Server struct {
 	ipReqs        *ipLimiter
 	initial       byteBudget // initial REQ results held until sent, across connections
 	recent        recentStored
-	ipInitial     *ipBytes   // the same per client IP (InitialResultPerIP)
-	ipQueries     *ipQueries // REQ/COUNT queries (and gate lookups) in flight per client IP
+	ephemeral     recentEphemeral // ephemeral ids accepted lately, answered duplicate: when sent again
+	ipInitial     *ipBytes        // the same per client IP (InitialResultPerIP)
+	ipQueries     *ipQueries      // REQ/COUNT queries (and gate lookups) in flight per client IP
 	acceptErrLog  logx.Sampler
 
 	mu       sync.RWMutex
