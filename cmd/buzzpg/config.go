@@ -52,6 +52,7 @@ type serveConfig struct {
 	MetricsListen    string
 	TrustedProxies   []netip.Prefix
 	ResultBudgetMB   int // initial REQ results held in memory until sent, across connections
+	ResultIPShareMB  int // of which one client IP's connections may hold together; 0: half the budget
 }
 
 func envStr(name, def string) string {
@@ -146,6 +147,7 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	fs.StringVar(&c.MetricsListen, "metrics-listen", envStr("BUZZ_METRICS_LISTEN", ""), "address for /metrics and a detailed /readyz, off when empty; keep it private (BUZZ_METRICS_LISTEN)")
 	fs.StringVar(&c.DebugListen, "debug-listen", envStr("BUZZ_DEBUG_LISTEN", ""), "address for Go's /debug/pprof profiles, off when empty; keep it private (BUZZ_DEBUG_LISTEN)")
 	fs.DurationVar(&c.DBWait, "db-wait", envDur("BUZZ_DB_WAIT", 30*time.Second), "how long to wait for PostgreSQL at start, e.g. while it restarts (BUZZ_DB_WAIT)")
+	fs.IntVar(&c.ResultIPShareMB, "result-ip-share-mb", envInt("BUZZ_RESULT_IP_SHARE_MB", 0), "MiB of that budget one client IP's connections may hold together; 0 = half the budget (BUZZ_RESULT_IP_SHARE_MB)")
 	fs.IntVar(&c.ResultBudgetMB, "result-budget-mb", envInt("BUZZ_RESULT_BUDGET_MB", 256), "MiB of REQ initial results held in memory until sent, across connections; answers beyond it are cut short (BUZZ_RESULT_BUDGET_MB)")
 	proxies := fs.String("trusted-proxies", envStr("BUZZ_TRUSTED_PROXIES", ""), "load balancers (IPs or CIDRs, comma-separated) whose X-Forwarded-For names the client IP for per-IP caps and rates (BUZZ_TRUSTED_PROXIES)")
 	if err := fs.Parse(args); err != nil {
@@ -290,6 +292,9 @@ func (c *serveConfig) checkRanges() error {
 		if v < 1 {
 			bad = append(bad, fmt.Sprintf("%s=%d must be at least 1", name, v))
 		}
+	}
+	if c.ResultIPShareMB < 0 {
+		bad = append(bad, fmt.Sprintf("BUZZ_RESULT_IP_SHARE_MB=%d must be 0 (half the budget) or more", c.ResultIPShareMB))
 	}
 	switch strings.ToLower(c.LogLevel) {
 	case "debug", "info", "warn", "error":

@@ -234,6 +234,7 @@ func serve(cfg serveConfig, log *slog.Logger) (err error) {
 			MaxConnsPerIP:       cfg.IPMaxConns,
 			TrustedProxies:      cfg.TrustedProxies,
 			InitialResultBudget: int64(cfg.ResultBudgetMB) << 20,
+			InitialResultPerIP:  int64(cfg.ResultIPShareMB) << 20,
 			Logger:              log,
 		}, accept, query)
 		if err != nil {

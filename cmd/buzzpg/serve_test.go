@@ -66,6 +66,7 @@ func TestServeEnvironmentIsParsedStrictly(t *testing.T) {
 		{"BUZZ_LOG_FORMAT", "yaml"},
 		{"BUZZ_TRUSTED_PROXIES", "10.0.0.0/8, lb.internal"},
 		{"BUZZ_RESULT_BUDGET_MB", "0"},
+		{"BUZZ_RESULT_IP_SHARE_MB", "-1"},
 		{"BUZZ_MAX_FUTURE_SECONDS", "9223372036854775807"}, // now + it overflows, here and in accept_event
 		{"BUZZ_MAX_FUTURE_SECONDS", "315360001"},
 		{"BUZZ_QUERY_TIMEOUT", "600h"}, // beyond statement_timeout's range: every REQ would fail
@@ -88,7 +89,8 @@ func TestServeEnvironmentIsParsedStrictly(t *testing.T) {
 	t.Setenv("BUZZ_REMINDER_BATCH", "100000")
 	t.Setenv("BUZZ_MAX_FUTURE_SECONDS", "315360000")
 	t.Setenv("BUZZ_QUERY_TIMEOUT", "1h")
-	if c, err := parseServeConfig(nil); err != nil || c.Lease != time.Hour || c.ReminderLease != time.Hour || c.ReminderBatch != 100000 {
+	t.Setenv("BUZZ_RESULT_IP_SHARE_MB", "16")
+	if c, err := parseServeConfig(nil); err != nil || c.Lease != time.Hour || c.ReminderLease != time.Hour || c.ReminderBatch != 100000 || c.ResultIPShareMB != 16 {
 		t.Fatalf("leases of 1h and a batch of 100000: %v (%s, %s, %d)", err, c.Lease, c.ReminderLease, c.ReminderBatch)
 	}
 }
