@@ -35,3 +35,21 @@ func TestGiftWrapNamesOneRecipient(t *testing.T) {
 	y.c.mustPublish(one)
 	sameIDs(t, "recipient", y.c.req("y", nostr.Filter{Kinds: []int{1059}, Tags: nostr.TagMap{"p": {y.pk}}}), one)
 }
+
+// A gift wrap with an h tag is refused before accept_event runs (sql/0027 refuses it too): the
+// channel's members and the recipient would both have a claim to read it. The connection stays.
+func TestGiftWrapNamesNoChannel(t *testing.T) {
+	tr := startRelay(t, nil)
+	y := newParty(t, tr, true)
+	x := newParty(t, tr, true)
+	for _, h := range []string{"6a0f5f4e-2f3c-4b7a-9d1e-0c4f3b2a1e9d", "not-a-channel"} {
+		wrap := signed(y.sk, 1059, "sealed", nostr.Now(), nostr.Tag{"p", x.pk}, nostr.Tag{"h", h})
+		if r := y.c.publish(wrap); r.ok || !strings.HasPrefix(r.msg, "invalid: a gift wrap names no channel") {
+			t.Fatalf("a wrap naming channel %q: %+v, want invalid:", h, r)
+		}
+		if n := tr.eventCount(t, "id = $1", wrap.ID); n != 0 {
+			t.Fatal("the refused wrap was stored")
+		}
+	}
+	y.c.mustPublish(signed(y.sk, 1059, "sealed", nostr.Now(), nostr.Tag{"p", x.pk}))
+}

@@ -252,15 +252,8 @@ func TestLiveDedupAroundInitialQuery(t *testing.T) {
 // answer waits (held at a hook after its query), another REQ finds nothing left and is told so;
 // once sent, the budget is whole again.
 func TestInitialResultsShareOneBudget(t *testing.T) {
-	tr := startRelay(t, func(c *Config) { c.InitialResultBudget = 8 << 10 })
-	c := tr.dial(t)
-	f, alone := cutAnswer(t, tr, c, "the 8 KiB budget")
-
 	// One answer held: the other REQ finds the budget spent.
-	reached, release := holdFirstAnswer(t)
-	holder := tr.dial(t)
-	holder.sendJSON("REQ", "held", f)
-	<-reached
+	tr, c, f, alone, holder, release := spentBudget(t)
 	// Not an empty EOSE, which would read as "no history": a CLOSED that says why.
 	if got, closed := c.reqOrClosed("starved", f); len(got) != 0 || closed != "error: relay busy, try again" {
 		t.Fatalf("with the budget held by another answer: %d events, CLOSED %q; want a busy CLOSED", len(got), closed)
@@ -331,6 +324,21 @@ func holdFirstAnswer(t *testing.T) (reached <-chan struct{}, release chan<- stru
 	return r, rel
 }
 
+// spentBudget starts a relay with an 8 KiB initial-result budget and holds all of it: the answer
+// of REQ "held" on holder waits at a hook (holdFirstAnswer) until release is closed. f matches
+// that answer's events, alone of which fit the budget; c is another connection.
+func spentBudget(t *testing.T) (tr *testRelay, c *client, f nostr.Filter, alone int, holder *client, release chan<- struct{}) {
+	t.Helper()
+	tr = startRelay(t, func(c *Config) { c.InitialResultBudget = 8 << 10 })
+	c = tr.dial(t)
+	f, alone = cutAnswer(t, tr, c, "the 8 KiB budget")
+	reached, release := holdFirstAnswer(t)
+	holder = tr.dial(t)
+	holder.sendJSON("REQ", "held", f)
+	<-reached
+	return tr, c, f, alone, holder, release
+}
+
 // cutAnswer stores 20 events of about 560 bytes through c and asks for them alone: the answer is
 // cut at an 8 KiB bound (bound names it), newest first. It returns the filter and how many
 // events fit, once the bytes are given back (which may follow the client's EOSE by a moment).
@@ -351,13 +359,7 @@ func cutAnswer(t *testing.T, tr *testRelay, c *client, bound string) (nostr.Filt
 // client would drop while the relay went on delivering to it. The replacement comes after the
 // failed REQ's check of its own context (hook relay.req.busy), the window the check alone missed.
 func TestFailedREQDoesNotCloseItsReplacement(t *testing.T) {
-	tr := startRelay(t, func(c *Config) { c.InitialResultBudget = 8 << 10 })
-	c := tr.dial(t)
-	f, _ := cutAnswer(t, tr, c, "the 8 KiB budget")
-	reached, release := holdFirstAnswer(t)
-	holder := tr.dial(t)
-	holder.sendJSON("REQ", "held", f)
-	<-reached
+	tr, c, f, _, holder, release := spentBudget(t)
 
 	busy, goOn, ended := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	t.Cleanup(hooks.Set("relay.req.busy", func(context.Context) { close(busy); <-goOn }))

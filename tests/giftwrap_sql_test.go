@@ -3,8 +3,7 @@ package tests
 // A gift wrap (1059) is served to the one pubkey its p tag names (PROTOCOL.md, read gates). The
 // relay refuses a wrap naming two different keys before it calls accept_event; before 0024 an
 // operator's `SELECT buzz.accept_event(...)` stored one, readable by its first recipient only.
-// accept_event now gives the relay's answer for every p-tag shape, from psql as over the wire,
-// and (0027) refuses a wrap with an h tag, which two read gates would claim.
+// accept_event now gives the relay's answer for every p-tag shape, from psql as over the wire.
 
 import (
 	"context"
@@ -27,7 +26,6 @@ func TestGiftWrapRecipientsFromSQLAsFromTheRelay(t *testing.T) {
 	sender, x, y := testenv.NewUser(), testenv.NewUser(), testenv.NewUser()
 
 	const oneRecipient = "invalid: a gift wrap names one recipient (p tag); send one wrap per recipient"
-	const noChannel = "invalid: a gift wrap names no channel (h tag); it is read by its recipient (p tag) only"
 	cases := []struct {
 		name string
 		tags nostr.Tags
@@ -37,9 +35,6 @@ func TestGiftWrapRecipientsFromSQLAsFromTheRelay(t *testing.T) {
 		{"a second recipient that is no key", nostr.Tags{{"p", x.PK}, {"p", "someone"}}, oneRecipient},
 		{"no p tag", nostr.Tags{{"e", x.PK}}, "invalid: gift wrap needs a p tag"},
 		{"one recipient twice, once with a relay hint", nostr.Tags{{"p", x.PK}, {"p", x.PK, "wss://relay.example"}}, ""},
-		// Two gates would claim it, the channel's members and the recipient (0027).
-		{"an h tag", nostr.Tags{{"p", x.PK}, {"h", "6a0f5f4e-2f3c-4b7a-9d1e-0c4f3b2a1e9d"}}, noChannel},
-		{"an h tag naming nothing that exists, before the p", nostr.Tags{{"h", "not-a-channel"}, {"p", x.PK}}, noChannel},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -77,9 +72,12 @@ func TestGiftWrapRecipientsFromSQLAsFromTheRelay(t *testing.T) {
 	}
 }
 
-// The case the refusal is for: a member of a DM wraps an event naming that DM for someone who is
-// not a member. Before 0027 it was stored with the recipient's gate ('p'), so a non-member read
-// an event naming the channel while its members could not.
+// The case 0027's refusal is for: a member of a DM wraps an event naming that DM for someone who
+// is not a member. Before 0027 it was stored with the recipient's gate ('p'), so a non-member read
+// an event naming the channel while its members could not. The guard is a trigger on the table,
+// so a hand-written INSERT is refused too. (A wrap naming a channel the sender is not in is
+// refused earlier by accept_event's channel checks, 'restricted:'; the relay refuses every wrap
+// with an h tag before calling it: relay/giftwrap_test.go.)
 func TestGiftWrapNamingItsSendersDMIsRefused(t *testing.T) {
 	pool := testenv.Pool(t, testenv.FreshDB(t))
 	ctx := context.Background()
@@ -97,4 +95,20 @@ func TestGiftWrapNamingItsSendersDMIsRefused(t *testing.T) {
 		t.Fatalf("a wrap naming the sender's DM, for an outsider: err %v; want BZ400 invalid: a gift wrap names no channel", err)
 	}
 	opinAssertUnchanged(t, before, opinState(t, pool))
+
+	_, err = pool.Exec(ctx, `INSERT INTO buzz.events (id, pubkey, created_at, kind, tags, content, sig, h, scope, scope_p, channel_id)
+		VALUES ($1, $2, $3, 1059, $4::jsonb, 'sealed', $5, $6::text, 'p', $7, $6::text::uuid)`,
+		ev.ID, ev.PubKey, int64(ev.CreatedAt), mustJSON(t, ev.Tags), ev.Sig, ch, outsider.PK)
+	if !errors.As(err, &pgErr) || pgErr.Code != "BZ400" {
+		t.Fatalf("a hand-written INSERT of the wrap: err %v; want BZ400", err)
+	}
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
