@@ -43,43 +43,49 @@ func TestAcceptEventExecuteOnlyForRelayAndOperator(t *testing.T) {
 	u := testenv.NewUser()
 	raw, _ := u.Event(t, 1, nostr.Tags{}, "grants").MarshalJSON()
 
-	call := func(as string) error {
-		t.Helper()
-		tx, err := admin.Conn.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
+	// accept_events (0028) takes the same trust and gets the same grants.
+	for _, fn := range []struct{ name, signature, call, arg string }{
+		{"accept_event", "buzz.accept_event(jsonb)", `SELECT ok, message FROM buzz.accept_event($1::jsonb)`, string(raw)},
+		{"accept_events", "buzz.accept_events(jsonb,integer)", `SELECT ok, message FROM buzz.accept_events($1::jsonb)`, "[" + string(raw) + "]"},
+	} {
+		call := func(as string) error {
+			t.Helper()
+			tx, err := admin.Conn.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx)
+			if _, err := tx.Exec(ctx, `SET LOCAL ROLE `+pgx.Identifier{as}.Sanitize()); err != nil {
+				t.Fatal(err)
+			}
+			var ok bool
+			var msg string
+			return tx.QueryRow(ctx, fn.call, fn.arg).Scan(&ok, &msg)
 		}
-		defer tx.Rollback(ctx)
-		if _, err := tx.Exec(ctx, `SET LOCAL ROLE `+pgx.Identifier{as}.Sanitize()); err != nil {
-			t.Fatal(err)
+		deniedOnFunction := func(err error) bool {
+			return db.SQLState(err) == "42501" && strings.Contains(err.Error(), "function "+fn.name)
 		}
-		var ok bool
-		var msg string
-		return tx.QueryRow(ctx, `SELECT ok, message FROM buzz.accept_event($1::jsonb)`, string(raw)).Scan(&ok, &msg)
-	}
-	deniedOnFunction := func(err error) bool {
-		return db.SQLState(err) == "42501" && strings.Contains(err.Error(), "function accept_event")
-	}
 
-	err := call(role)
-	if !deniedOnFunction(err) {
-		t.Fatalf("role %s without grants calling buzz.accept_event: err %v (SQLSTATE %q), want 42501 permission denied for function accept_event",
-			role, err, db.SQLState(err))
-	}
-	// PUBLIC has nothing either: the privilege list names the two roles (and the owner) only.
-	var acl string
-	if err := admin.Conn.QueryRow(ctx, `SELECT coalesce(proacl::text, '') FROM pg_proc
-		WHERE oid = 'buzz.accept_event(jsonb)'::regprocedure`).Scan(&acl); err != nil {
-		t.Fatal(err)
-	}
-	if acl == "" || strings.Contains(acl, "{=X") || strings.Contains(acl, ",=X") {
-		t.Fatalf("buzz.accept_event privileges %q: PUBLIC may execute it", acl)
-	}
-	// The granted roles get past the function's EXECUTE check (what they may do inside is the
-	// tables' business, not this guard's).
-	for _, granted := range []string{"buzz_relay", "buzz_operator"} {
-		if err := call(granted); deniedOnFunction(err) {
-			t.Fatalf("%s calling buzz.accept_event: %v, want EXECUTE granted", granted, err)
+		err := call(role)
+		if !deniedOnFunction(err) {
+			t.Fatalf("role %s without grants calling buzz.%s: err %v (SQLSTATE %q), want 42501 permission denied for function %s",
+				role, fn.name, err, db.SQLState(err), fn.name)
+		}
+		// PUBLIC has nothing either: the privilege list names the two roles (and the owner) only.
+		var acl string
+		if err := admin.Conn.QueryRow(ctx, `SELECT coalesce(proacl::text, '') FROM pg_proc
+			WHERE oid = $1::regprocedure`, fn.signature).Scan(&acl); err != nil {
+			t.Fatal(err)
+		}
+		if acl == "" || strings.Contains(acl, "{=X") || strings.Contains(acl, ",=X") {
+			t.Fatalf("buzz.%s privileges %q: PUBLIC may execute it", fn.name, acl)
+		}
+		// The granted roles get past the function's EXECUTE check (what they may do inside is the
+		// tables' business, not this guard's).
+		for _, granted := range []string{"buzz_relay", "buzz_operator"} {
+			if err := call(granted); deniedOnFunction(err) {
+				t.Fatalf("%s calling buzz.%s: %v, want EXECUTE granted", granted, fn.name, err)
+			}
 		}
 	}
 }

@@ -2,6 +2,9 @@ package dm
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -199,4 +202,64 @@ func TestAcceptEventInsertFailureKeepsTheHide(t *testing.T) {
 			e.assertAgree(b, 2)
 		})
 	}
+}
+
+// I1 in a batch (buzz.accept_events, sql/0028, what the relay calls when events arrive together):
+// each event is a subtransaction, so an event whose visibility consequence fails is rolled back
+// whole, the recipient's hide and generation included, while the other event of the call commits
+// with its own consequence.
+func TestAcceptEventsRollsBackAnEventWithItsConsequence(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	a, b, c, d := newUser(), newUser(), newUser(), newUser()
+	ch1, ch2 := e.open(a, b), e.open(c, d)
+	e.hide(b, ch1)
+	e.hide(d, ch2)
+	e.assertAgree(b, 1)
+	e.assertAgree(d, 1)
+
+	// b's outbox write fails with a client SQLSTATE, which accept_events answers per event.
+	fn := "test_fail_outbox_" + b.PK[:12]
+	_, err := e.pool.Exec(ctx, `
+		CREATE FUNCTION public.`+fn+`() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION USING ERRCODE = 'BZ400', MESSAGE = 'invalid: outbox write failed (test)'; END $$;
+		CREATE TRIGGER `+fn+` BEFORE INSERT OR UPDATE ON buzz.visibility_outbox
+		  FOR EACH ROW WHEN (NEW.viewer = '`+b.PK+`') EXECUTE FUNCTION public.`+fn+`();`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = e.pool.Exec(ctx, `DROP TRIGGER IF EXISTS `+fn+` ON buzz.visibility_outbox; DROP FUNCTION IF EXISTS public.`+fn+`()`)
+	})
+
+	m1, m2 := a.Event(t, 9, nostr.Tags{{"h", ch1}}, "to b"), c.Event(t, 9, nostr.Tags{{"h", ch2}}, "to d")
+	raw, _ := json.Marshal([]*nostr.Event{m1, m2})
+	rows, err := e.pool.Query(ctx, `SELECT ok, message, coalesce(code, '') FROM buzz.accept_events($1::jsonb)`, string(raw))
+	if err != nil {
+		t.Fatalf("the call failed as a whole: %v", err)
+	}
+	var got []string
+	for rows.Next() {
+		var ok bool
+		var msg, code string
+		if err := rows.Scan(&ok, &msg, &code); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprintf("%v %q %s", ok, msg, code))
+	}
+	if rows.Err() != nil {
+		t.Fatal(rows.Err())
+	}
+	want := []string{`false "invalid: outbox write failed (test)" BZ400`, `true "" `}
+	if !slices.Equal(got, want) {
+		t.Fatalf("rows %q, want %q", got, want)
+	}
+	if e.storedCount(m1.ID) != 0 || !e.hidden(b, ch1) {
+		t.Fatal("I1 broken: the failed event's message or its resurfacing survived in the batch")
+	}
+	e.assertAgree(b, 1)
+	if e.storedCount(m2.ID) != 1 || e.hidden(d, ch2) {
+		t.Fatal("the other event of the call lost its message or its resurfacing")
+	}
+	e.assertAgree(d, 2)
 }

@@ -1,0 +1,129 @@
+package tests
+
+// buzz.accept_events (sql/0028) accepts several events in one transaction, each as accept_event
+// in its own subtransaction. What the batch must not change: the durability of a stored event
+// (an ephemeral event turns synchronous_commit off for its transaction), the session's own
+// lock_timeout, and PostgreSQL's subtransaction cache (at most 60 events).
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+func batchJSON(t *testing.T, evs ...*nostr.Event) string {
+	t.Helper()
+	raw, err := json.Marshal(evs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(raw)
+}
+
+// settingAfterBatch runs accept_events in a transaction and returns a setting as the rest of that
+// transaction (its COMMIT included) sees it.
+func settingAfterBatch(t *testing.T, url, setting, evs string, lockWaitMs int) string {
+	t.Helper()
+	s := testenv.NewSession(t, url, "batch")
+	s.Begin()
+	defer s.Rollback()
+	ctx := context.Background()
+	rows, err := s.Tx.Query(ctx, `SELECT ok, message FROM buzz.accept_events($1::jsonb, $2)`, evs, lockWaitMs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var ok bool
+		var msg string
+		if err := rows.Scan(&ok, &msg); err != nil {
+			t.Fatal(err)
+		}
+		if !ok || msg != "" {
+			t.Fatalf("refused: %q", msg)
+		}
+	}
+	if rows.Err() != nil {
+		t.Fatal(rows.Err())
+	}
+	var v string
+	if err := s.Tx.QueryRow(ctx, `SELECT current_setting($1)`, setting).Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// An ephemeral event may skip the WAL flush wait (it is never stored); an event stored in the
+// same transaction may not: its OK would go out before it is durable.
+func TestAcceptEventsKeepsStoredEventsDurable(t *testing.T) {
+	url := testenv.FreshDB(t)
+	u := testenv.NewUser()
+	eph := func() *nostr.Event { return u.Event(t, 20001, nil, "typing") }
+	stored := func() *nostr.Event { return u.Event(t, 1, nil, "kept") }
+	cases := []struct {
+		name string
+		evs  []*nostr.Event
+		want string
+	}{
+		{"ephemeral then stored", []*nostr.Event{eph(), stored()}, "on"},
+		{"stored then ephemeral", []*nostr.Event{stored(), eph()}, "on"},
+		{"ephemeral only", []*nostr.Event{eph(), eph()}, "off"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := settingAfterBatch(t, url, "synchronous_commit", batchJSON(t, tc.evs...), 0); got != tc.want {
+				t.Fatalf("synchronous_commit at COMMIT: %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+// lock_wait_ms bounds the call's lock waits only: the rest of the caller's transaction keeps its
+// own lock_timeout.
+func TestAcceptEventsRestoresLockTimeout(t *testing.T) {
+	url := testenv.FreshDB(t)
+	u := testenv.NewUser()
+	if got := settingAfterBatch(t, url, "lock_timeout", batchJSON(t, u.Event(t, 1, nil, "x")), 50); got != "0" {
+		t.Fatalf("lock_timeout after the call: %s, want 0", got)
+	}
+}
+
+func TestAcceptEventsRefusesBadCalls(t *testing.T) {
+	url := testenv.FreshDB(t)
+	pool := testenv.Pool(t, url)
+	u := testenv.NewUser()
+	var many []*nostr.Event
+	for range 61 {
+		many = append(many, u.Event(t, 1, nil, ""))
+	}
+	for _, tc := range []struct {
+		name, evs string
+		lockWait  int
+		want      string
+	}{
+		{"61 events", batchJSON(t, many...), 0, "invalid: at most 60 events per accept_events call"},
+		{"not an array", `{"kind":1}`, 0, "invalid: accept_events takes a JSON array of events"},
+		{"negative lock wait", batchJSON(t, many[0]), -1, "invalid: lock_wait_ms must be 0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := pool.Exec(context.Background(), `SELECT * FROM buzz.accept_events($1::jsonb, $2)`, tc.evs, tc.lockWait)
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != "BZ400" || !strings.HasPrefix(pgErr.Message, tc.want) {
+				t.Fatalf("got %v, want BZ400 %q", err, tc.want)
+			}
+		})
+	}
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM buzz.events WHERE pubkey = $1`, u.PK).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("%d events stored by refused calls", n)
+	}
+}
