@@ -12,7 +12,6 @@ import (
 
 	"github.com/buzzpg/buzzpg/internal/db"
 	"github.com/buzzpg/buzzpg/internal/metrics"
-	"github.com/buzzpg/buzzpg/internal/store"
 )
 
 const (
@@ -72,14 +71,15 @@ func (c *conn) replyEvent(id string, ok bool, msg string) {
 	c.sendOK(id, ok, msg)
 }
 
-// acceptEvent calls buzz.accept_event in one transaction (internal/store), retrying deadlocks
-// and serialization failures (events are idempotent by id, so a retry is safe). Client errors
-// come back as a verdict; err is only for failures that are not the client's.
+// acceptEvent stores the event through the batcher (internal/store/batch.go): alone when the
+// relay is idle, with the events that arrived meanwhile when it is busy, each with the verdict
+// buzz.accept_event gives it. Client errors come back as a verdict; err is only for failures
+// that are not the client's.
 func (s *Server) acceptEvent(ctx context.Context, ev *nostr.Event) (bool, string, error) {
 	ctx, cancel := context.WithTimeout(ctx, acceptTimeout)
 	defer cancel()
 	start := time.Now()
-	ok, msg, err := store.AcceptJSON(ctx, s.accept, eventJSON(ev))
+	ok, msg, err := s.batcher.Accept(ctx, eventJSON(ev))
 	metrics.AcceptSeconds.Observe(time.Since(start).Seconds())
 	return ok, msg, err
 }

@@ -49,7 +49,14 @@ type Config struct {
 	// MaxQueriesPerIP bounds them per client IP across its connections (default: half the query
 	// pool), so that one client cannot hold every query connection.
 	MaxQueriesPerIP int
-	ReminderHorizon time.Duration // how far ahead a 30300 not_before may be; default one year
+	// AcceptBatch is the most EVENTs stored in one transaction (buzz.accept_events, group
+	// commit; default 32, at most store.MaxBatch; 1 stores each on its own). AcceptBatchCalls
+	// bounds those calls in flight (default 1, classic group commit: while one call runs, the
+	// events that arrive wait and go together in the next; with more calls in flight batches are
+	// smaller and cost more CPU per event).
+	AcceptBatch      int
+	AcceptBatchCalls int
+	ReminderHorizon  time.Duration // how far ahead a 30300 not_before may be; default one year
 	// Rate limits (token buckets); a rate of 0 means unlimited. Per connection, and per client IP
 	// across all its connections. Over the limit: OK/CLOSED "rate-limited: ...".
 	EventRate   float64 // EVENTs per second per connection
@@ -113,6 +120,8 @@ func (c *Config) applyDefaults() error {
 	def(&c.MaxConns, 10000)
 	def(&c.MaxConnsPerIP, 1000)
 	def(&c.MaxQueriesInFlight, 4)
+	def(&c.AcceptBatch, 32)
+	def(&c.AcceptBatchCalls, 1)
 	if c.InitialResultBudget <= 0 {
 		c.InitialResultBudget = 256 << 20
 	}

@@ -22,12 +22,14 @@ import (
 	"github.com/buzzpg/buzzpg/internal/evt"
 	"github.com/buzzpg/buzzpg/internal/logx"
 	"github.com/buzzpg/buzzpg/internal/metrics"
+	"github.com/buzzpg/buzzpg/internal/store"
 )
 
 // Server is the relay. It is an http.Handler (mount it at "/") and an evt.Sink.
 type Server struct {
 	cfg           Config
 	accept        *pgxpool.Pool // buzz.accept_event and Deliver's member-set lookups: short queries only
+	batcher       *store.Batcher
 	query         *pgxpool.Pool // REQ/COUNT and their gate lookups: may be saturated by expensive filters
 	log           *slog.Logger
 	relayPubkey   string
@@ -112,6 +114,7 @@ func New(cfg Config, acceptPool, queryPool *pgxpool.Pool) (*Server, error) {
 	s.writeWait = writeWait
 	s.pingEvery = pingPeriod
 	s.lookup = acceptPool
+	s.batcher = store.NewBatcher(acceptPool, cfg.AcceptBatch, cfg.AcceptBatchCalls, acceptTimeout)
 	if cfg.RelaySecretKey != "" {
 		pk, err := nostr.GetPublicKey(cfg.RelaySecretKey)
 		if err != nil {

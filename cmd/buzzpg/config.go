@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/buzzpg/buzzpg/internal/store"
 )
 
 // serveConfig is everything `buzzpg serve` reads. Each field has an environment variable and a
@@ -36,6 +38,8 @@ type serveConfig struct {
 	MaxFutureSeconds int64
 	AcceptConns      int
 	AcceptConnsMin   int
+	AcceptBatch      int
+	AcceptBatchCalls int
 	QueryConns       int
 	EventRate        float64 // EVENTs per second per connection (token bucket), 0 = unlimited
 	EventBurst       int
@@ -133,6 +137,8 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	fs.Int64Var(&c.MaxFutureSeconds, "max-future-seconds", int64(envInt("BUZZ_MAX_FUTURE_SECONDS", 900)), "how far ahead of now created_at may be (BUZZ_MAX_FUTURE_SECONDS)")
 	fs.IntVar(&c.AcceptConns, "accept-conns", envInt("BUZZ_ACCEPT_CONNS", 16), "PostgreSQL connections for accept_event (BUZZ_ACCEPT_CONNS)")
 	fs.IntVar(&c.AcceptConnsMin, "accept-conns-min", envInt("BUZZ_ACCEPT_CONNS_MIN", 8), "accept_event connections opened and warmed before serving, and kept open (BUZZ_ACCEPT_CONNS_MIN)")
+	fs.IntVar(&c.AcceptBatch, "accept-batch", envInt("BUZZ_ACCEPT_BATCH", 32), "most EVENTs stored in one transaction when events arrive faster than they are stored, 1 to 60; 1 stores each alone (BUZZ_ACCEPT_BATCH)")
+	fs.IntVar(&c.AcceptBatchCalls, "accept-batch-calls", envInt("BUZZ_ACCEPT_BATCH_CALLS", 1), "accept_events calls in flight at once; events arriving meanwhile wait and go together in the next (BUZZ_ACCEPT_BATCH_CALLS)")
 	fs.IntVar(&c.QueryConns, "query-conns", envInt("BUZZ_QUERY_CONNS", 8), "PostgreSQL connections for REQ/COUNT (BUZZ_QUERY_CONNS)")
 	fs.Float64Var(&c.EventRate, "event-rate", envFloat("BUZZ_EVENT_RATE", 0), "EVENTs per second per connection, 0 = unlimited (BUZZ_EVENT_RATE)")
 	fs.IntVar(&c.EventBurst, "event-burst", envInt("BUZZ_EVENT_BURST", 100), "burst for --event-rate (BUZZ_EVENT_BURST)")
@@ -162,6 +168,9 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	}
 	if c.AcceptConns < 1 || c.QueryConns < 1 || c.AcceptConnsMin < 0 {
 		return c, fmt.Errorf("BUZZ_ACCEPT_CONNS and BUZZ_QUERY_CONNS must be at least 1, BUZZ_ACCEPT_CONNS_MIN at least 0 (got %d, %d, %d)", c.AcceptConns, c.QueryConns, c.AcceptConnsMin)
+	}
+	if c.AcceptBatch < 1 || c.AcceptBatch > store.MaxBatch || c.AcceptBatchCalls < 1 || c.AcceptBatchCalls > c.AcceptConns {
+		return c, fmt.Errorf("BUZZ_ACCEPT_BATCH must be 1 to %d and BUZZ_ACCEPT_BATCH_CALLS 1 to BUZZ_ACCEPT_CONNS (%d) (got %d, %d)", store.MaxBatch, c.AcceptConns, c.AcceptBatch, c.AcceptBatchCalls)
 	}
 	if c.MaxConns < 1 || c.IPMaxConns < 1 {
 		return c, fmt.Errorf("BUZZ_MAX_CONNS and BUZZ_IP_MAX_CONNS must be at least 1 (got %d, %d)", c.MaxConns, c.IPMaxConns)

@@ -51,6 +51,10 @@ func TestServeEnvironmentIsParsedStrictly(t *testing.T) {
 		{"BUZZ_EVENT_RATE", "fast"},
 		{"BUZZ_ACCEPT_CONNS", "-1"},
 		{"BUZZ_QUERY_CONNS", "0"},
+		{"BUZZ_ACCEPT_BATCH", "0"},
+		{"BUZZ_ACCEPT_BATCH", "61"}, // one subtransaction per event: past 64 every snapshot slows
+		{"BUZZ_ACCEPT_BATCH_CALLS", "0"},
+		{"BUZZ_ACCEPT_BATCH_CALLS", "17"}, // more than BUZZ_ACCEPT_CONNS' default
 		{"BUZZ_MAX_CONNS", "0"},
 		{"BUZZ_IP_MAX_CONNS", "none"},
 		{"BUZZ_REMINDER_HORIZON", "0s"},
@@ -87,6 +91,8 @@ func TestServeEnvironmentIsParsedStrictly(t *testing.T) {
 	t.Setenv("BUZZ_LEASE", "1h")
 	t.Setenv("BUZZ_REMINDER_LEASE", "1h")
 	t.Setenv("BUZZ_REMINDER_BATCH", "100000")
+	t.Setenv("BUZZ_ACCEPT_BATCH", "60")
+	t.Setenv("BUZZ_ACCEPT_BATCH_CALLS", "16")
 	t.Setenv("BUZZ_MAX_FUTURE_SECONDS", "315360000")
 	t.Setenv("BUZZ_QUERY_TIMEOUT", "1h")
 	t.Setenv("BUZZ_RESULT_IP_SHARE_MB", "16")

@@ -19,6 +19,17 @@ var (
 		Name: "buzz_accept_seconds", Help: "Time of one buzz.accept_event call.",
 		Buckets: prometheus.ExponentialBuckets(0.0002, 2, 14),
 	})
+	// AcceptBatchEvents is the number of events per buzz.accept_events call (group commit):
+	// 1 when the relay is idle, more when events arrive while others are being stored.
+	AcceptBatchEvents = promauto.NewHistogram(prometheus.HistogramOpts{
+		Name: "buzz_accept_batch_events", Help: "Events per buzz.accept_events call.",
+		Buckets: []float64{1, 2, 4, 8, 16, 32, 60},
+	})
+	// AcceptBatchFallbacks counts calls that failed as a whole (lock wait over the bound 55P03,
+	// deadlock 40P01, timeout, ...), whose events were then stored one by one.
+	AcceptBatchFallbacks = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "buzz_accept_batch_fallbacks_total", Help: "buzz.accept_events calls retried event by event, by reason.",
+	}, []string{"reason"})
 	Connections = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "buzz_connections", Help: "Open WebSocket connections.",
 	})

@@ -14,7 +14,8 @@ import (
 	"github.com/buzzpg/buzzpg/internal/db"
 )
 
-// Prefixes for the buzz SQLSTATEs accept_event raises (sql/0002_accept.up.sql).
+// Prefixes for the buzz SQLSTATEs accept_event raises (sql/0002_accept.up.sql). buzz.accept_events
+// (sql/0028) catches exactly the codes of this map and of sqlstateMessage; a test compares them.
 var sqlstatePrefix = map[string]string{
 	"BZ400": "invalid: ",
 	"BZ401": "auth-required: ",
@@ -42,14 +43,18 @@ func ClientError(err error) (message string, ok bool) {
 	if !errors.As(err, &pgErr) {
 		return "", false
 	}
-	if msg, fixed := sqlstateMessage[pgErr.Code]; fixed {
-		return msg, true
+	return clientMessage(pgErr.Code, pgErr.Message)
+}
+
+// clientMessage is ClientError for an SQLSTATE and message (accept_events returns them as rows).
+func clientMessage(code, msg string) (string, bool) {
+	if fixed, ok := sqlstateMessage[code]; ok {
+		return fixed, true
 	}
-	prefix, known := sqlstatePrefix[pgErr.Code]
+	prefix, known := sqlstatePrefix[code]
 	if !known {
 		return "", false
 	}
-	msg := pgErr.Message
 	if strings.HasPrefix(msg, strings.TrimSpace(prefix)) {
 		return msg, true
 	}

@@ -1,0 +1,332 @@
+package store_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"maps"
+	"regexp"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/buzzpg/buzzpg/internal/metrics"
+	"github.com/buzzpg/buzzpg/internal/store"
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+// heldBatcher is a Batcher whose first call stops before running, holding the only slot, so the
+// events a test sends next queue behind it and go together in the second call: the interleaving
+// that makes a batch, driven by a barrier instead of timing.
+type heldBatcher struct {
+	*store.Batcher
+	t       *testing.T
+	held    chan struct{} // closed when the first call reached onBatch
+	release chan struct{}
+
+	mu    sync.Mutex
+	sizes []int
+}
+
+func newHeldBatcher(t *testing.T, url string) *heldBatcher {
+	t.Helper()
+	h := &heldBatcher{
+		Batcher: store.NewBatcher(testenv.Pool(t, url), 32, 1, 15*time.Second),
+		t:       t, held: make(chan struct{}), release: make(chan struct{}),
+	}
+	h.SetOnBatch(func(n int) {
+		h.mu.Lock()
+		h.sizes = append(h.sizes, n)
+		first := len(h.sizes) == 1
+		h.mu.Unlock()
+		if first {
+			close(h.held)
+			<-h.release
+		}
+	})
+	t.Cleanup(func() {
+		select {
+		case <-h.release:
+		default:
+			close(h.release)
+		}
+	})
+	return h
+}
+
+type verdictOf struct {
+	ok  bool
+	msg string
+	err error
+}
+
+// send starts one Accept and returns where its verdict will arrive.
+func (h *heldBatcher) send(ctx context.Context, ev *nostr.Event) <-chan verdictOf {
+	raw, err := json.Marshal(ev)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return h.sendRaw(ctx, raw)
+}
+
+func (h *heldBatcher) sendRaw(ctx context.Context, raw []byte) <-chan verdictOf {
+	out := make(chan verdictOf, 1)
+	go func() {
+		ok, msg, err := h.Accept(ctx, raw)
+		out <- verdictOf{ok, msg, err}
+	}()
+	return out
+}
+
+// hold sends a first event and waits until its call stops at onBatch, holding the slot.
+func (h *heldBatcher) hold(u testenv.User) <-chan verdictOf {
+	h.t.Helper()
+	v := h.send(context.Background(), u.Event(h.t, 1, nil, "first"))
+	select {
+	case <-h.held:
+	case <-time.After(10 * time.Second):
+		h.t.Fatal("the first call never started")
+	}
+	return v
+}
+
+// waitQueued waits until n events wait in the queue (a condition on the batcher's state).
+func (h *heldBatcher) waitQueued(n int) {
+	h.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		q := h.Queued()
+		if q == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("%d events queued, want %d", q, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func (h *heldBatcher) callSizes() []int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.sizes)
+}
+
+func wait(t *testing.T, c <-chan verdictOf, what string) verdictOf {
+	t.Helper()
+	select {
+	case v := <-c:
+		return v
+	case <-time.After(15 * time.Second):
+		t.Fatalf("%s: no verdict", what)
+		return verdictOf{}
+	}
+}
+
+func storedCount(t *testing.T, url string, ids ...string) int {
+	t.Helper()
+	var n int
+	if err := testenv.Pool(t, url).QueryRow(context.Background(),
+		`SELECT count(*) FROM buzz.events WHERE id = ANY($1)`, ids).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// Events that arrive while a call runs wait and go together in the next call: one transaction
+// for all of them, each accepted.
+func TestBatcherGroupsEventsThatArriveDuringACall(t *testing.T) {
+	url := testenv.FreshDB(t)
+	h := newHeldBatcher(t, url)
+	u := testenv.NewUser()
+	first := h.hold(u)
+	var evs []*nostr.Event
+	var verdicts []<-chan verdictOf
+	for i := range 5 {
+		ev := u.Event(t, 1, nil, "queued "+string(rune('a'+i)))
+		evs = append(evs, ev)
+		verdicts = append(verdicts, h.send(context.Background(), ev))
+	}
+	h.waitQueued(5)
+	close(h.release)
+	if v := wait(t, first, "first"); !v.ok || v.msg != "" || v.err != nil {
+		t.Fatalf("first: %+v", v)
+	}
+	ids := []string{}
+	for i, c := range verdicts {
+		if v := wait(t, c, "queued"); !v.ok || v.msg != "" || v.err != nil {
+			t.Fatalf("queued event %d: %+v", i, v)
+		}
+		ids = append(ids, evs[i].ID)
+	}
+	if got := h.callSizes(); !slices.Equal(got, []int{1, 5}) {
+		t.Fatalf("call sizes %v, want [1 5]: the five queued events must go in one call", got)
+	}
+	if n := storedCount(t, url, ids...); n != 5 {
+		t.Fatalf("%d of 5 stored", n)
+	}
+}
+
+// Each event of a call gets the verdict accept_event gives it alone; a refused event rolls back
+// alone (its subtransaction) and the others are stored.
+func TestBatcherGivesEachEventItsOwnVerdict(t *testing.T) {
+	url := testenv.FreshDB(t)
+	h := newHeldBatcher(t, url)
+	u := testenv.NewUser()
+	fallbacks := func() float64 {
+		return testutil.ToFloat64(metrics.AcceptBatchFallbacks.WithLabelValues("BZ400")) +
+			testutil.ToFloat64(metrics.AcceptBatchFallbacks.WithLabelValues("BZ403"))
+	}
+	before := fallbacks()
+	first := h.hold(u)
+
+	good := u.Event(t, 1, nil, "good")
+	unknown := u.Event(t, 9, nostr.Tags{{"h", "00000000-0000-4000-8000-00000000beef"}}, "to a channel that does not exist")
+	badTags := []byte(`{"id":"` + good.ID[:63] + `0","pubkey":"` + u.PK + `","created_at":1,"kind":1,"tags":[[1]],"content":"","sig":"` + good.Sig + `"}`)
+	later := u.Event(t, 1, nil, "later")
+	want := []struct {
+		ok  bool
+		msg string
+	}{
+		{true, ""},
+		{false, "restricted: unknown channel"},
+		{false, "invalid: tags must be arrays of strings"},
+		{true, "duplicate: already have this event"}, // good again, in the same call
+		{true, ""},
+	}
+	verdicts := []<-chan verdictOf{}
+	for _, s := range []func() <-chan verdictOf{
+		func() <-chan verdictOf { return h.send(context.Background(), good) },
+		func() <-chan verdictOf { return h.send(context.Background(), unknown) },
+		func() <-chan verdictOf { return h.sendRaw(context.Background(), badTags) },
+		func() <-chan verdictOf { return h.send(context.Background(), good) },
+		func() <-chan verdictOf { return h.send(context.Background(), later) },
+	} {
+		verdicts = append(verdicts, s())
+		h.waitQueued(len(verdicts)) // queue order is call order
+	}
+	close(h.release)
+	wait(t, first, "first")
+	for i, c := range verdicts {
+		v := wait(t, c, "queued")
+		if v.err != nil || v.ok != want[i].ok || v.msg != want[i].msg {
+			t.Errorf("event %d: got ok=%v %q err=%v, want ok=%v %q", i, v.ok, v.msg, v.err, want[i].ok, want[i].msg)
+		}
+	}
+	if got := h.callSizes(); !slices.Equal(got, []int{1, 5}) {
+		t.Fatalf("call sizes %v, want [1 5]", got)
+	}
+	if got := fallbacks() - before; got != 0 {
+		t.Fatalf("%v calls fell back to one event each: the refusals must be rows of the call, not abort it", got)
+	}
+	if n := storedCount(t, url, good.ID, later.ID); n != 2 {
+		t.Fatalf("%d of the 2 good events stored", n)
+	}
+	if n := storedCount(t, url, unknown.ID); n != 0 {
+		t.Fatal("the refused event was stored")
+	}
+}
+
+// A call that waits on a lock longer than BatchLockWait gives up, and its events are stored one
+// by one outside the slot: the ones that need no lock are answered while the lock is still held,
+// so one blocked event does not stall the others.
+func TestBatcherStoresABlockedEventAloneAndTheOthersAtOnce(t *testing.T) {
+	url := testenv.FreshDB(t)
+	h := newHeldBatcher(t, url)
+	u := testenv.NewUser()
+	// accept_event serialises writers of a replaceable address with this advisory lock (0002).
+	locker := testenv.NewSession(t, url, "locker")
+	locker.Begin()
+	if _, err := locker.Tx.Exec(context.Background(),
+		`SELECT pg_advisory_xact_lock(hashtextextended('0:' || $1 || ':', 0))`, u.PK); err != nil {
+		t.Fatal(err)
+	}
+	before := testutil.ToFloat64(metrics.AcceptBatchFallbacks.WithLabelValues("55P03"))
+	first := h.hold(u)
+	profile := u.Event(t, 0, nil, `{"name":"blocked"}`)
+	a, b := u.Event(t, 1, nil, "a"), u.Event(t, 1, nil, "b")
+	vp := h.send(context.Background(), profile)
+	h.waitQueued(1)
+	va := h.send(context.Background(), a)
+	vb := h.send(context.Background(), b)
+	h.waitQueued(3)
+	close(h.release)
+	wait(t, first, "first")
+	for name, c := range map[string]<-chan verdictOf{"a": va, "b": vb} {
+		if v := wait(t, c, name+" (while the lock is held)"); !v.ok || v.msg != "" || v.err != nil {
+			t.Fatalf("%s: %+v", name, v)
+		}
+	}
+	select {
+	case v := <-vp:
+		t.Fatalf("the blocked event was answered while its lock is held: %+v", v)
+	default:
+	}
+	if got := testutil.ToFloat64(metrics.AcceptBatchFallbacks.WithLabelValues("55P03")) - before; got != 1 {
+		t.Fatalf("fallbacks for 55P03: %v, want 1", got)
+	}
+	locker.Commit()
+	if v := wait(t, vp, "blocked event after the lock went"); !v.ok || v.msg != "" || v.err != nil {
+		t.Fatalf("blocked event: %+v", v)
+	}
+	if n := storedCount(t, url, profile.ID, a.ID, b.ID); n != 3 {
+		t.Fatalf("%d of 3 stored", n)
+	}
+}
+
+// A caller that leaves while its event is queued gets its context's error, and the event is not
+// stored: nobody would be told of it.
+func TestBatcherDropsAnEventWhoseCallerLeft(t *testing.T) {
+	url := testenv.FreshDB(t)
+	h := newHeldBatcher(t, url)
+	u := testenv.NewUser()
+	first := h.hold(u)
+	ctx, cancel := context.WithCancel(context.Background())
+	gone := u.Event(t, 1, nil, "gone")
+	vg := h.send(ctx, gone)
+	h.waitQueued(1)
+	stays := u.Event(t, 1, nil, "stays")
+	vs := h.send(context.Background(), stays)
+	h.waitQueued(2)
+	cancel()
+	if v := wait(t, vg, "cancelled"); !errors.Is(v.err, context.Canceled) {
+		t.Fatalf("cancelled caller: %+v", v)
+	}
+	close(h.release)
+	wait(t, first, "first")
+	if v := wait(t, vs, "stays"); !v.ok || v.err != nil {
+		t.Fatalf("stays: %+v", v)
+	}
+	if got := h.callSizes(); !slices.Equal(got, []int{1, 1}) {
+		t.Fatalf("call sizes %v, want [1 1]", got)
+	}
+	if n := storedCount(t, url, gone.ID); n != 0 {
+		t.Fatal("the event of a caller that left was stored")
+	}
+}
+
+// accept_events (sql/0028) turns exactly the SQLSTATEs the relay maps to OK prefixes into rows;
+// one missing there aborts whole calls, one missing here makes every such call fall back.
+func TestAcceptEventsCatchesTheClientCodes(t *testing.T) {
+	url := testenv.FreshDB(t)
+	var def string
+	if err := testenv.Pool(t, url).QueryRow(context.Background(),
+		`SELECT pg_get_functiondef('buzz.accept_events(jsonb, integer)'::regprocedure)`).Scan(&def); err != nil {
+		t.Fatal(err)
+	}
+	caught := map[string]bool{}
+	for _, m := range regexp.MustCompile(`SQLSTATE '([0-9A-Z]{5})'`).FindAllStringSubmatch(def, -1) {
+		caught[m[1]] = true
+	}
+	mapped := map[string]bool{}
+	for _, code := range store.ClientSQLStates() {
+		mapped[code] = true
+	}
+	if !maps.Equal(caught, mapped) {
+		t.Fatalf("accept_events catches %v; the relay maps %v", slices.Sorted(maps.Keys(caught)), slices.Sorted(maps.Keys(mapped)))
+	}
+}

@@ -1,0 +1,25 @@
+package store
+
+// Test access for store_test (an in-package test would import testenv, which imports store).
+
+// SetOnBatch installs onBatch (call before the first Accept).
+func (b *Batcher) SetOnBatch(fn func(n int)) { b.onBatch = fn }
+
+// Queued is the number of events waiting for a call.
+func (b *Batcher) Queued() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.queue)
+}
+
+// ClientSQLStates lists every SQLSTATE the relay answers as a client error.
+func ClientSQLStates() []string {
+	var out []string
+	for c := range sqlstatePrefix {
+		out = append(out, c)
+	}
+	for c := range sqlstateMessage {
+		out = append(out, c)
+	}
+	return out
+}
