@@ -67,6 +67,10 @@ type Server struct {
 	// stop ends when Shutdown begins: work that would otherwise wait or retry gives up.
 	stop     context.Context
 	stopWork context.CancelFunc
+	// halt ends when Shutdown kills the connections still open: it ends the acceptance calls in
+	// flight, which run for several connections at once and so under none's context.
+	halt      context.Context
+	haltCalls context.CancelFunc
 
 	// onConnClosed, when set (in-package tests), is called after a connection is torn down.
 	onConnClosed func(c *conn, reason string)
@@ -114,7 +118,8 @@ func New(cfg Config, acceptPool, queryPool *pgxpool.Pool) (*Server, error) {
 	s.writeWait = writeWait
 	s.pingEvery = pingPeriod
 	s.lookup = acceptPool
-	s.batcher = store.NewBatcher(acceptPool, cfg.AcceptBatch, cfg.AcceptBatchCalls, acceptTimeout)
+	s.halt, s.haltCalls = context.WithCancel(context.Background())
+	s.batcher = store.NewBatcher(s.halt, acceptPool, cfg.AcceptBatch, cfg.AcceptBatchCalls, acceptTimeout)
 	if cfg.RelaySecretKey != "" {
 		pk, err := nostr.GetPublicKey(cfg.RelaySecretKey)
 		if err != nil {
@@ -245,10 +250,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	settled := s.stopSettling()
 	done := make(chan struct{})
 	go func() { s.connWG.Wait(); <-settled; close(done) }()
+	defer s.haltCalls()
 	select {
 	case <-done:
 		return nil
 	case <-ctx.Done():
+		s.haltCalls()
 		for _, c := range s.snapshotConns() {
 			c.kill("shutdown deadline")
 		}

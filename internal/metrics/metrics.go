@@ -16,7 +16,7 @@ var (
 		Name: "buzz_events_total", Help: "EVENT messages by verdict (OK prefix).",
 	}, []string{"verdict"})
 	AcceptSeconds = promauto.NewHistogram(prometheus.HistogramOpts{
-		Name: "buzz_accept_seconds", Help: "Time of one buzz.accept_event call.",
+		Name: "buzz_accept_seconds", Help: "Time to store one EVENT (waiting for its batch included).",
 		Buckets: prometheus.ExponentialBuckets(0.0002, 2, 14),
 	})
 	// AcceptBatchEvents is the number of events per buzz.accept_events call (group commit):
@@ -25,8 +25,8 @@ var (
 		Name: "buzz_accept_batch_events", Help: "Events per buzz.accept_events call.",
 		Buckets: []float64{1, 2, 4, 8, 16, 32, 60},
 	})
-	// AcceptBatchFallbacks counts calls that failed as a whole (lock wait over the bound 55P03,
-	// deadlock 40P01, timeout, ...), whose events were then stored one by one.
+	// AcceptBatchFallbacks counts calls PostgreSQL refused as a whole, by SQLSTATE (55P03 a lock
+	// wait over the bound, 40P01 a deadlock, ...), whose events were then stored one by one.
 	AcceptBatchFallbacks = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "buzz_accept_batch_fallbacks_total", Help: "buzz.accept_events calls retried event by event, by reason.",
 	}, []string{"reason"})

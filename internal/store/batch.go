@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/buzzpg/buzzpg/internal/db"
@@ -31,9 +33,12 @@ const BatchLockWait = 50 * time.Millisecond
 // event at once and a busy one runs bigger batches.
 //
 // Every event still gets the verdict accept_event gives it alone: each runs in its own
-// subtransaction, and a call that fails for any reason but a client error is retried event by
-// event (AcceptJSON, with its deadlock retries).
+// subtransaction, and a call PostgreSQL refuses as a whole (a lock wait over BatchLockWait, a
+// deadlock) is retried event by event (AcceptJSON, with its deadlock retries). A call whose
+// outcome is unknown (the connection lost) answers each of its events with an error, as a lost
+// single call does.
 type Batcher struct {
+	base    context.Context
 	pool    *pgxpool.Pool
 	max     int
 	slots   chan struct{}
@@ -62,10 +67,11 @@ type acceptVerdict struct {
 
 // NewBatcher returns a Batcher running at most inflight calls at once (each on its own pool
 // connection), of at most maxEvents events each (capped at MaxBatch). maxEvents 1 turns batching
-// off: Accept is then AcceptJSON. timeout bounds one call.
-func NewBatcher(pool *pgxpool.Pool, maxEvents, inflight int, timeout time.Duration) *Batcher {
+// off: Accept is then AcceptJSON. timeout bounds one call; base ends every call in flight when it
+// ends (the relay's connections being killed at shutdown).
+func NewBatcher(base context.Context, pool *pgxpool.Pool, maxEvents, inflight int, timeout time.Duration) *Batcher {
 	maxEvents = min(max(maxEvents, 1), MaxBatch)
-	return &Batcher{pool: pool, max: maxEvents, slots: make(chan struct{}, max(inflight, 1)), timeout: timeout}
+	return &Batcher{base: base, pool: pool, max: maxEvents, slots: make(chan struct{}, max(inflight, 1)), timeout: timeout}
 }
 
 // Accept stores one verified event and returns its OK verdict, as AcceptJSON.
@@ -92,18 +98,19 @@ func (b *Batcher) Accept(ctx context.Context, raw []byte) (ok bool, message stri
 			return false, "", ctx.Err()
 		case slot <- struct{}{}:
 			b.runNext()
-			<-b.slots
 		}
 	}
 }
 
-// runNext runs the queue's head (up to b.max events) as one call, holding a slot.
-func (b *Batcher) runNext() {
+// take removes the queue's head, up to b.max events whose owners still wait, and marks them taken.
+func (b *Batcher) take() []*pendingAccept {
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	var batch []*pendingAccept
 	n := 0
 	for n < len(b.queue) && len(batch) < b.max {
 		p := b.queue[n]
+		b.queue[n] = nil
 		n++
 		if p.ctx.Err() != nil {
 			continue // its owner has gone
@@ -115,37 +122,84 @@ func (b *Batcher) runNext() {
 	if len(b.queue) == 0 {
 		b.queue = nil // let the backing array go
 	}
-	b.mu.Unlock()
+	return batch
+}
+
+// runNext runs the queue's head as one call, in the slot its caller took, and gives the slot back.
+// Every event it takes gets exactly one verdict, a panic included (the caller's recover answers
+// its own message; the others must not wait for ever).
+func (b *Batcher) runNext() {
+	defer func() { <-b.slots }()
+	batch := b.take()
 	if len(batch) == 0 {
 		return
 	}
+	answered := false
+	defer func() {
+		if !answered {
+			for _, p := range batch {
+				answer(p, acceptVerdict{err: errBatchAbandoned})
+			}
+		}
+	}()
 	metrics.AcceptBatchEvents.Observe(float64(len(batch)))
 	if b.onBatch != nil {
 		b.onBatch(len(batch))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+	ctx, cancel := b.callContext(batch)
 	defer cancel()
 	verdicts, err := b.call(ctx, batch)
+	answered = true
 	if err != nil {
-		// Nothing of the call is committed. Each event goes again on its own, outside the slots,
-		// waiting for locks as long as its own context lets it.
-		metrics.AcceptBatchFallbacks.WithLabelValues(fallbackReason(err)).Inc()
+		// PostgreSQL refused the call, so nothing of it is committed. Each event goes again on its
+		// own, outside the slots, waiting for locks as long as its own context lets it.
+		metrics.AcceptBatchFallbacks.WithLabelValues(db.SQLState(err)).Inc()
 		for _, p := range batch {
 			go func() {
+				defer func() {
+					if r := recover(); r != nil {
+						answer(p, acceptVerdict{err: fmt.Errorf("accept_event panicked: %v", r)})
+					}
+				}()
 				ok, msg, err := AcceptJSON(p.ctx, b.pool, p.raw)
-				p.done <- acceptVerdict{ok, msg, err}
+				answer(p, acceptVerdict{ok, msg, err})
 			}()
 		}
 		return
 	}
 	for i, p := range batch {
-		p.done <- verdicts[i]
+		answer(p, verdicts[i])
 	}
+}
+
+// answer gives p its verdict; a second one is dropped (done holds one and nobody else sends).
+func answer(p *pendingAccept, v acceptVerdict) {
+	select {
+	case p.done <- v:
+	default:
+	}
+}
+
+// callContext bounds a call by the batcher's timeout and by the earliest deadline of its events:
+// an owner that gives up must not see its event committed after it answered "error:".
+func (b *Batcher) callContext(batch []*pendingAccept) (context.Context, context.CancelFunc) {
+	deadline := time.Now().Add(b.timeout)
+	for _, p := range batch {
+		if d, ok := p.ctx.Deadline(); ok && d.Before(deadline) {
+			deadline = d
+		}
+	}
+	return context.WithDeadline(b.base, deadline)
 }
 
 const acceptBatchSQL = `SELECT ok, message, code FROM buzz.accept_events($1::jsonb, $2)`
 
-// call runs one buzz.accept_events call; err is non-nil when the call as a whole failed.
+// call runs one buzz.accept_events call. It returns an error only when PostgreSQL refused the
+// call (a *pgconn.PgError: the transaction is rolled back, so the events may go again). A
+// failure whose outcome is unknown (the connection or the context ended, rows that do not
+// decode) answers every event of the call with an error instead: the call may have committed,
+// and a second run would answer "duplicate:" where the first verdict was something else (a DM
+// open's channel id) and emit an ephemeral event twice.
 func (b *Batcher) call(ctx context.Context, batch []*pendingAccept) ([]acceptVerdict, error) {
 	var arr bytes.Buffer
 	arr.WriteByte('[')
@@ -156,9 +210,20 @@ func (b *Batcher) call(ctx context.Context, batch []*pendingAccept) ([]acceptVer
 		arr.Write(p.raw)
 	}
 	arr.WriteByte(']')
+	unknown := func(err error) ([]acceptVerdict, error) {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			return nil, err
+		}
+		out := make([]acceptVerdict, len(batch))
+		for i := range out {
+			out[i] = acceptVerdict{err: fmt.Errorf("accept_events: outcome unknown: %w", err)}
+		}
+		return out, nil
+	}
 	rows, err := b.pool.Query(ctx, acceptBatchSQL, arr.String(), BatchLockWait.Milliseconds())
 	if err != nil {
-		return nil, err
+		return unknown(err)
 	}
 	defer rows.Close()
 	out := make([]acceptVerdict, 0, len(batch))
@@ -167,7 +232,7 @@ func (b *Batcher) call(ctx context.Context, batch []*pendingAccept) ([]acceptVer
 		var msg string
 		var code *string
 		if err := rows.Scan(&ok, &msg, &code); err != nil {
-			return nil, err
+			return unknown(err)
 		}
 		switch {
 		case code == nil:
@@ -175,18 +240,20 @@ func (b *Batcher) call(ctx context.Context, batch []*pendingAccept) ([]acceptVer
 		default:
 			m, isClient := clientMessage(*code, msg)
 			if !isClient {
-				// accept_events only catches client SQLSTATEs; anything else is a mismatch
-				// between its list and ours, so store these events one by one instead.
-				return nil, errBatchCodeUnknown
+				// accept_events catches the client SQLSTATEs only (a test compares the lists):
+				// a code it caught that the relay does not map is a version skew, not the client's.
+				out = append(out, acceptVerdict{err: fmt.Errorf("accept_events: unmapped SQLSTATE %s: %s", *code, msg)})
+				continue
 			}
 			out = append(out, acceptVerdict{ok: false, msg: m})
 		}
 	}
+	// Rows come before the commit (at Sync): an error here may be the commit's own.
 	if err := rows.Err(); err != nil {
-		return nil, err
+		return unknown(err)
 	}
 	if len(out) != len(batch) {
-		return nil, errBatchShort
+		return unknown(errBatchShort)
 	}
 	return out, nil
 }
@@ -196,18 +263,6 @@ type batchError string
 func (e batchError) Error() string { return string(e) }
 
 const (
-	errBatchCodeUnknown batchError = "accept_events returned an SQLSTATE the relay does not map"
-	errBatchShort       batchError = "accept_events returned fewer rows than events"
+	errBatchShort     batchError = "accept_events returned fewer rows than events"
+	errBatchAbandoned batchError = "the batch's runner stopped before answering (a panic)"
 )
-
-// fallbackReason labels a failed call: its SQLSTATE (55P03 lock wait, 40P01 deadlock, ...),
-// "timeout", or "other".
-func fallbackReason(err error) string {
-	if s := db.SQLState(err); s != "" {
-		return s
-	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		return "timeout"
-	}
-	return "other"
-}

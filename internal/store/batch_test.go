@@ -35,7 +35,7 @@ type heldBatcher struct {
 func newHeldBatcher(t *testing.T, url string) *heldBatcher {
 	t.Helper()
 	h := &heldBatcher{
-		Batcher: store.NewBatcher(testenv.Pool(t, url), 32, 1, 15*time.Second),
+		Batcher: store.NewBatcher(context.Background(), testenv.Pool(t, url), 32, 1, 15*time.Second),
 		t:       t, held: make(chan struct{}), release: make(chan struct{}),
 	}
 	h.SetOnBatch(func(n int) {
@@ -328,5 +328,115 @@ func TestAcceptEventsCatchesTheClientCodes(t *testing.T) {
 	}
 	if !maps.Equal(caught, mapped) {
 		t.Fatalf("accept_events catches %v; the relay maps %v", slices.Sorted(maps.Keys(caught)), slices.Sorted(maps.Keys(mapped)))
+	}
+}
+
+// A call that panics gives its slot back and answers the events it took: the panic reaches the
+// caller that ran it (the relay's recover answers that client), and nobody else waits for ever.
+func TestBatcherSurvivesAPanickingCall(t *testing.T) {
+	url := testenv.FreshDB(t)
+	h := newHeldBatcher(t, url)
+	second := make(chan struct{})
+	h.SetOnBatch(func(n int) {
+		h.mu.Lock()
+		h.sizes = append(h.sizes, n)
+		calls := len(h.sizes)
+		h.mu.Unlock()
+		switch calls {
+		case 1:
+			close(h.held)
+			<-h.release
+		case 2:
+			close(second)
+			panic("test: the call panics")
+		}
+	})
+	u := testenv.NewUser()
+	first := h.hold(u)
+	recovering := func(ev *nostr.Event) <-chan verdictOf {
+		out := make(chan verdictOf, 1)
+		raw, _ := json.Marshal(ev)
+		go func() {
+			defer func() {
+				if r := recover(); r != nil {
+					out <- verdictOf{err: errors.New("panicked")}
+				}
+			}()
+			ok, msg, err := h.Accept(context.Background(), raw)
+			out <- verdictOf{ok, msg, err}
+		}()
+		return out
+	}
+	v1 := recovering(u.Event(t, 1, nil, "one"))
+	v2 := recovering(u.Event(t, 1, nil, "two"))
+	h.waitQueued(2)
+	close(h.release)
+	wait(t, first, "first")
+	<-second
+	got := []string{}
+	for _, c := range []<-chan verdictOf{v1, v2} {
+		v := wait(t, c, "an event of the panicking call")
+		if v.err == nil {
+			t.Fatalf("an event of the panicking call was answered %+v", v)
+		}
+		got = append(got, v.err.Error())
+	}
+	slices.Sort(got)
+	if got[0] != "panicked" || got[1] == "panicked" {
+		t.Fatalf("verdicts %q: want the runner's panic and an error for the other", got)
+	}
+	if v := wait(t, h.send(context.Background(), u.Event(t, 1, nil, "after")), "an event after the panic"); !v.ok || v.err != nil {
+		t.Fatalf("after the panic: %+v", v)
+	}
+}
+
+// Shutdown ends the calls in flight (their runner is one client's goroutine, under no one
+// connection's context). A call cut short may have committed, so its events are answered with an
+// error, not stored again one by one.
+func TestBatcherCallEndsWithItsBase(t *testing.T) {
+	url := testenv.FreshDB(t)
+	pool := testenv.Pool(t, url)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `
+		CREATE FUNCTION public.slow_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_sleep(60); RETURN NEW; END $$;
+		CREATE TRIGGER slow_insert BEFORE INSERT ON buzz.events
+		  FOR EACH ROW WHEN (NEW.content = 'slow') EXECUTE FUNCTION public.slow_insert();`); err != nil {
+		t.Fatal(err)
+	}
+	base, halt := context.WithCancel(ctx)
+	defer halt()
+	b := store.NewBatcher(base, pool, 32, 1, 2*time.Minute) // longer than the wait below
+	u := testenv.NewUser()
+	out := make(chan verdictOf, 1)
+	raw, _ := json.Marshal(u.Event(t, 1, nil, "slow"))
+	go func() {
+		ok, msg, err := b.Accept(ctx, raw)
+		out <- verdictOf{ok, msg, err}
+	}()
+	// Barrier: the call sleeps in the trigger.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event = 'PgSleep' AND query LIKE '%accept_events%'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the call never reached the trigger")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	before := testutil.ToFloat64(metrics.AcceptBatchFallbacks.WithLabelValues("57014"))
+	halt()
+	v := wait(t, out, "the call after its base ended")
+	if v.err == nil || v.ok {
+		t.Fatalf("verdict %+v, want an error", v)
+	}
+	if got := testutil.ToFloat64(metrics.AcceptBatchFallbacks.WithLabelValues("57014")) - before; got != 0 {
+		t.Fatalf("the cut call fell back to single calls (%v)", got)
 	}
 }
