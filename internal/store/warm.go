@@ -15,8 +15,8 @@ import (
 	"github.com/buzzpg/buzzpg/internal/db"
 )
 
-// WarmAccept keeps at least minConns connections in an accept pool, and runs accept_event once on
-// every new connection before the pool hands it out: for a synthetic kind 1 event, in a
+// WarmAccept keeps at least minConns connections in an accept pool, and runs accept_events and
+// accept_event once on every new connection before the pool hands it out: for a synthetic kind 1 event, in a
 // transaction that is rolled back, so nothing is stored, nothing is committed and the
 // replication tails see nothing (aborted transactions are never sent).
 //
@@ -71,25 +71,38 @@ func Warm(ctx context.Context, pool *pgxpool.Pool, n int) error {
 }
 
 func warmConn(ctx context.Context, conn *pgx.Conn) error {
-	raw, err := json.Marshal(map[string]any{
-		"id": randomHex(32), "pubkey": randomHex(32), "sig": randomHex(64),
-		"created_at": time.Now().Unix(), "kind": 1, "tags": [][]string{}, "content": "buzzpg warm-up (rolled back)",
-	})
-	if err != nil {
-		return err
+	event := func() ([]byte, error) {
+		return json.Marshal(map[string]any{
+			"id": randomHex(32), "pubkey": randomHex(32), "sig": randomHex(64),
+			"created_at": time.Now().Unix(), "kind": 1, "tags": [][]string{}, "content": "buzzpg warm-up (rolled back)",
+		})
 	}
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // the rollback is the point; an error leaves nothing behind either
-	var ok bool
-	var msg string
-	if err := tx.QueryRow(ctx, acceptSQL, string(raw)).Scan(&ok, &msg); err != nil {
-		return err
-	}
-	if !ok {
-		return fmt.Errorf("synthetic event refused: %s", msg)
+	// Both paths: the batched call (what the relay runs) and the single one (its fallback).
+	for _, q := range []struct{ sql, wrap string }{{acceptBatchSQL, "[%s]"}, {acceptSQL, "%s"}} {
+		raw, err := event()
+		if err != nil {
+			return err
+		}
+		var ok bool
+		var msg string
+		var code *string
+		dest := []any{&ok, &msg}
+		args := []any{fmt.Sprintf(q.wrap, raw)}
+		if q.sql == acceptBatchSQL {
+			dest = append(dest, &code)
+			args = append(args, BatchLockWait.Milliseconds())
+		}
+		if err := tx.QueryRow(ctx, q.sql, args...).Scan(dest...); err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("synthetic event refused: %s", msg)
+		}
 	}
 	return tx.Rollback(ctx)
 }

@@ -270,8 +270,9 @@ func TestGracefulShutdownDropsSlot(t *testing.T) {
 }
 
 // The relay opens and warms BUZZ_ACCEPT_CONNS_MIN acceptance connections before it reports
-// ready: each has run accept_event (rows were inserted) in a transaction that was rolled back
-// (none is stored, none reached a subscriber).
+// ready: each has run accept_events and accept_event (two rows inserted per connection: the
+// batched path and its fallback) in a transaction that was rolled back (none is stored, none
+// reached a subscriber).
 func TestAcceptConnectionsWarmedBeforeServing(t *testing.T) {
 	url := testenv.FreshDB(t) // its own statistics: nothing else inserts here
 	r := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: url, Env: map[string]string{"BUZZ_ACCEPT_CONNS_MIN": "4"}})
@@ -287,12 +288,12 @@ func TestAcceptConnectionsWarmedBeforeServing(t *testing.T) {
 	}
 	// Backends report their table counters when idle (PostgreSQL 15: within about 10 s).
 	var inserted, live, stored int64
-	testenv.WaitUntil(t, 20*time.Second, "warm-up inserts in the statistics", func() bool {
+	testenv.WaitUntil(t, 20*time.Second, "two warm-up inserts per connection in the statistics", func() bool {
 		if err := pool.QueryRow(ctx, `SELECT n_tup_ins, n_live_tup FROM pg_stat_user_tables
 		                               WHERE schemaname = 'buzz' AND relname = 'events'`).Scan(&inserted, &live); err != nil {
 			t.Fatal(err)
 		}
-		return inserted >= 4
+		return inserted >= 8
 	})
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM buzz.events`).Scan(&stored); err != nil {
 		t.Fatal(err)
