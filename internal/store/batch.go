@@ -26,6 +26,9 @@ const MaxBatch = 60
 // others.
 const BatchLockWait = 50 * time.Millisecond
 
+// minCallTime is the least time an event must have left to join a call (see take).
+const minCallTime = time.Second
+
 // Batcher stores events as AcceptJSON does, but groups the ones that arrive while earlier calls
 // are running into one buzz.accept_events call: one transaction, one WAL flush and one walsender
 // wake-up for all of them (group commit). There is no background goroutine: a caller whose event
@@ -115,6 +118,13 @@ func (b *Batcher) take() []*pendingAccept {
 		if p.ctx.Err() != nil {
 			continue // its owner has gone
 		}
+		if d, ok := p.ctx.Deadline(); ok && time.Until(d) < minCallTime {
+			// Too little time left to be worth a call: run, it would cut the call short for the
+			// whole batch (calls end at their events' earliest deadline).
+			p.taken = true
+			answer(p, acceptVerdict{err: errNoTimeLeft})
+			continue
+		}
 		p.taken = true
 		batch = append(batch, p)
 	}
@@ -150,6 +160,15 @@ func (b *Batcher) runNext() {
 	defer cancel()
 	verdicts, err := b.call(ctx, batch)
 	answered = true
+	if err != nil && ctx.Err() != nil {
+		// Cut short by shutdown or a deadline: the events' owners are gone or going, and a
+		// cancellation that reached the server only after its commit would make a second run
+		// answer "duplicate:". Whatever PostgreSQL said, answer as for an unknown outcome.
+		for _, p := range batch {
+			answer(p, acceptVerdict{err: fmt.Errorf("accept_events: outcome unknown: %w", err)})
+		}
+		return
+	}
 	if err != nil {
 		// PostgreSQL refused the call, so nothing of it is committed. Each event goes again on its
 		// own, outside the slots, waiting for locks as long as its own context lets it.
@@ -180,8 +199,9 @@ func answer(p *pendingAccept, v acceptVerdict) {
 	}
 }
 
-// callContext bounds a call by the batcher's timeout and by the earliest deadline of its events:
-// an owner that gives up must not see its event committed after it answered "error:".
+// callContext bounds a call by the batcher's timeout and by the earliest deadline of its events,
+// so a call does not run on long after an owner gave up and answered "error:" (its cancellation
+// still reaches the server a little later, so a commit in that moment remains possible).
 func (b *Batcher) callContext(batch []*pendingAccept) (context.Context, context.CancelFunc) {
 	deadline := time.Now().Add(b.timeout)
 	for _, p := range batch {
@@ -210,9 +230,12 @@ func (b *Batcher) call(ctx context.Context, batch []*pendingAccept) ([]acceptVer
 		arr.Write(p.raw)
 	}
 	arr.WriteByte(']')
+	read := 0 // rows read: after the last one, the next thing is the commit's outcome
 	unknown := func(err error) ([]acceptVerdict, error) {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) {
+		// An ERROR aborts the transaction, at any point. A FATAL after every row could have come
+		// after the commit (a backend terminated just then): not known to be rolled back.
+		if errors.As(err, &pgErr) && !(read == len(batch) && (pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC")) {
 			return nil, err
 		}
 		out := make([]acceptVerdict, len(batch))
@@ -234,6 +257,7 @@ func (b *Batcher) call(ctx context.Context, batch []*pendingAccept) ([]acceptVer
 		if err := rows.Scan(&ok, &msg, &code); err != nil {
 			return unknown(err)
 		}
+		read++
 		switch {
 		case code == nil:
 			out = append(out, acceptVerdict{ok: ok, msg: canonicalResponse(msg)})
@@ -265,4 +289,5 @@ func (e batchError) Error() string { return string(e) }
 const (
 	errBatchShort     batchError = "accept_events returned fewer rows than events"
 	errBatchAbandoned batchError = "the batch's runner stopped before answering (a panic)"
+	errNoTimeLeft     batchError = "accept_events: the event waited for a call until too little time was left"
 )

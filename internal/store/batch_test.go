@@ -7,11 +7,13 @@ import (
 	"maps"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/buzzpg/buzzpg/internal/metrics"
@@ -372,7 +374,11 @@ func TestBatcherSurvivesAPanickingCall(t *testing.T) {
 	h.waitQueued(2)
 	close(h.release)
 	wait(t, first, "first")
-	<-second
+	select {
+	case <-second:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second call never started")
+	}
 	got := []string{}
 	for _, c := range []<-chan verdictOf{v1, v2} {
 		v := wait(t, c, "an event of the panicking call")
@@ -397,13 +403,7 @@ func TestBatcherCallEndsWithItsBase(t *testing.T) {
 	url := testenv.FreshDB(t)
 	pool := testenv.Pool(t, url)
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `
-		CREATE FUNCTION public.slow_insert() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN PERFORM pg_sleep(60); RETURN NEW; END $$;
-		CREATE TRIGGER slow_insert BEFORE INSERT ON buzz.events
-		  FOR EACH ROW WHEN (NEW.content = 'slow') EXECUTE FUNCTION public.slow_insert();`); err != nil {
-		t.Fatal(err)
-	}
+	slowTrigger(t, url)
 	base, halt := context.WithCancel(ctx)
 	defer halt()
 	b := store.NewBatcher(base, pool, 32, 1, 2*time.Minute) // longer than the wait below
@@ -419,7 +419,7 @@ func TestBatcherCallEndsWithItsBase(t *testing.T) {
 	for {
 		var n int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event = 'PgSleep' AND query LIKE '%accept_events%'`).Scan(&n); err != nil {
+			WHERE datname = current_database() AND wait_event = 'PgSleep' AND query LIKE '%accept_events%'`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		if n == 1 {
@@ -430,13 +430,107 @@ func TestBatcherCallEndsWithItsBase(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	before := testutil.ToFloat64(metrics.AcceptBatchFallbacks.WithLabelValues("57014"))
+	before := fallbacksTotal(t)
 	halt()
 	v := wait(t, out, "the call after its base ended")
-	if v.err == nil || v.ok {
-		t.Fatalf("verdict %+v, want an error", v)
+	if v.err == nil || v.ok || !strings.Contains(v.err.Error(), "outcome unknown") {
+		t.Fatalf("verdict %+v, want an outcome-unknown error", v)
 	}
-	if got := testutil.ToFloat64(metrics.AcceptBatchFallbacks.WithLabelValues("57014")) - before; got != 0 {
+	if got := fallbacksTotal(t) - before; got != 0 {
 		t.Fatalf("the cut call fell back to single calls (%v)", got)
+	}
+}
+
+// fallbacksTotal sums buzz_accept_batch_fallbacks_total over every reason.
+func fallbacksTotal(t *testing.T) float64 {
+	t.Helper()
+	mfs, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() == "buzz_accept_batch_fallbacks_total" {
+			for _, m := range mf.GetMetric() {
+				total += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return total
+}
+
+// slowTrigger makes the insert of an event whose content is "slow" sleep a minute.
+func slowTrigger(t *testing.T, url string) {
+	t.Helper()
+	if _, err := testenv.Pool(t, url).Exec(context.Background(), `
+		CREATE FUNCTION public.slow_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_sleep(60); RETURN NEW; END $$;
+		CREATE TRIGGER slow_insert BEFORE INSERT ON buzz.events
+		  FOR EACH ROW WHEN (NEW.content = 'slow') EXECUTE FUNCTION public.slow_insert();`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A call ends at the earliest deadline of its events (their owners answer "error:" then; the
+// call must not go on to commit long after). The other events of the call are answered with an
+// unknown outcome, not stored again.
+func TestBatcherCallEndsAtTheEarliestDeadline(t *testing.T) {
+	url := testenv.FreshDB(t)
+	slowTrigger(t, url)
+	h := newHeldBatcher(t, url)
+	u := testenv.NewUser()
+	first := h.hold(u)
+	short, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	vs := h.send(short, u.Event(t, 1, nil, "slow"))
+	h.waitQueued(1)
+	other := u.Event(t, 1, nil, "other")
+	vo := h.send(context.Background(), other)
+	h.waitQueued(2)
+	before := fallbacksTotal(t)
+	close(h.release)
+	wait(t, first, "first")
+	if v := wait(t, vs, "the event with the short deadline"); v.err == nil {
+		t.Fatalf("short deadline: %+v", v)
+	}
+	v := wait(t, vo, "the other event of the call") // the call would sleep 60 s
+	if v.err == nil || !strings.Contains(v.err.Error(), "outcome unknown") {
+		t.Fatalf("other event: %+v, want an outcome-unknown error", v)
+	}
+	if got := fallbacksTotal(t) - before; got != 0 {
+		t.Fatalf("the cut call fell back to single calls (%v)", got)
+	}
+	if got := h.callSizes(); !slices.Equal(got, []int{1, 2}) {
+		t.Fatalf("call sizes %v, want [1 2]", got)
+	}
+}
+
+// An event with less than a second left does not join a call (it would cut the call short for
+// the others): it is answered at once.
+func TestBatcherLeavesOutAnEventWithNoTimeLeft(t *testing.T) {
+	url := testenv.FreshDB(t)
+	h := newHeldBatcher(t, url)
+	u := testenv.NewUser()
+	first := h.hold(u)
+	late, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	lateEv := u.Event(t, 1, nil, "late")
+	vl := h.send(late, lateEv)
+	h.waitQueued(1)
+	vo := h.send(context.Background(), u.Event(t, 1, nil, "on time"))
+	h.waitQueued(2)
+	close(h.release)
+	wait(t, first, "first")
+	if v := wait(t, vl, "late"); v.err == nil {
+		t.Fatalf("late event: %+v, want an error", v)
+	}
+	if v := wait(t, vo, "on time"); !v.ok || v.err != nil {
+		t.Fatalf("on-time event: %+v", v)
+	}
+	if got := h.callSizes(); !slices.Equal(got, []int{1, 1}) {
+		t.Fatalf("call sizes %v, want [1 1]: the late event must not join", got)
+	}
+	if storedCount(t, url, lateEv.ID) != 0 {
+		t.Fatal("the late event was stored")
 	}
 }

@@ -82,27 +82,26 @@ func warmConn(ctx context.Context, conn *pgx.Conn) error {
 		return err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // the rollback is the point; an error leaves nothing behind either
-	// Both paths: the batched call (what the relay runs) and the single one (its fallback).
-	for _, q := range []struct{ sql, wrap string }{{acceptBatchSQL, "[%s]"}, {acceptSQL, "%s"}} {
-		raw, err := event()
-		if err != nil {
-			return err
-		}
-		var ok bool
-		var msg string
-		var code *string
-		dest := []any{&ok, &msg}
-		args := []any{fmt.Sprintf(q.wrap, raw)}
-		if q.sql == acceptBatchSQL {
-			dest = append(dest, &code)
-			args = append(args, BatchLockWait.Milliseconds())
-		}
-		if err := tx.QueryRow(ctx, q.sql, args...).Scan(dest...); err != nil {
-			return err
-		}
-		if !ok {
-			return fmt.Errorf("synthetic event refused: %s", msg)
-		}
+	// Both paths: the single call first (what every schema has), then the batched one (0028), so
+	// that on an older schema (a peer still migrating) the first is still warmed.
+	raw, err := event()
+	if err != nil {
+		return err
+	}
+	var ok bool
+	var msg string
+	if err := tx.QueryRow(ctx, acceptSQL, string(raw)).Scan(&ok, &msg); err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("synthetic event refused: %s", msg)
+	}
+	if raw, err = event(); err != nil {
+		return err
+	}
+	var code *string
+	if err := tx.QueryRow(ctx, acceptBatchSQL, "["+string(raw)+"]", BatchLockWait.Milliseconds()).Scan(&ok, &msg, &code); err != nil {
+		return err
 	}
 	return tx.Rollback(ctx)
 }
