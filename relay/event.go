@@ -79,9 +79,20 @@ func (s *Server) acceptEvent(ctx context.Context, ev *nostr.Event) (bool, string
 	ctx, cancel := context.WithTimeout(ctx, acceptTimeout)
 	defer cancel()
 	start := time.Now()
-	ok, msg, err := s.batcher.Accept(ctx, eventJSON(ev))
+	ok, msg, err := s.batcher.Accept(ctx, eventJSON(ev), channelOf(ev))
 	metrics.AcceptSeconds.Observe(time.Since(start).Seconds())
 	return ok, msg, err
+}
+
+// channelOf is the channel an event names (its first h tag), "" for none: the lock order of a
+// batched acceptance (store.Batcher.Accept).
+func channelOf(ev *nostr.Event) string {
+	for _, t := range ev.Tags {
+		if len(t) >= 2 && t[0] == "h" {
+			return t[1]
+		}
+	}
+	return ""
 }
 
 // checkShapeAndSignature checks what every signed event needs: hex fields of the right length,

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -50,15 +52,17 @@ type Batcher struct {
 	mu    sync.Mutex
 	queue []*pendingAccept
 
-	// onBatch, when set (in-package tests), is called with each call's size before it runs,
-	// holding the slot: a test can stop a call there and let events queue behind it.
-	onBatch func(n int)
+	// onBatch, when set (in-package tests), is called with each call's lock keys, in the call's
+	// order, before it runs, holding the slot: a test can stop a call there and let events queue
+	// behind it.
+	onBatch func(keys []string)
 }
 
 type pendingAccept struct {
 	ctx   context.Context
 	raw   []byte
-	taken bool // in a batch: its owner waits for done and takes no slot (guarded by Batcher.mu)
+	key   string // lock order: the channel the event names (its h tag), "" for none
+	taken bool   // in a batch: its owner waits for done and takes no slot (guarded by Batcher.mu)
 	done  chan acceptVerdict
 }
 
@@ -77,12 +81,17 @@ func NewBatcher(base context.Context, pool *pgxpool.Pool, maxEvents, inflight in
 	return &Batcher{base: base, pool: pool, max: maxEvents, slots: make(chan struct{}, max(inflight, 1)), timeout: timeout}
 }
 
-// Accept stores one verified event and returns its OK verdict, as AcceptJSON.
-func (b *Batcher) Accept(ctx context.Context, raw []byte) (ok bool, message string, err error) {
+// Accept stores one verified event and returns its OK verdict, as AcceptJSON. lockKey is the
+// channel the event names (its h tag; "" for none): a call runs its events in lockKey order, so
+// two calls (two processes) that both post to two channels lock them in the same order. A DM
+// message locks every member row of its DM until its call commits (buzz.lock_dm); in arrival
+// order, two such calls could each hold one DM and wait for the other's until the lock wait
+// bound sent both back to single events.
+func (b *Batcher) Accept(ctx context.Context, raw []byte, lockKey string) (ok bool, message string, err error) {
 	if b.max == 1 {
 		return AcceptJSON(ctx, b.pool, raw)
 	}
-	p := &pendingAccept{ctx: ctx, raw: raw, done: make(chan acceptVerdict, 1)}
+	p := &pendingAccept{ctx: ctx, raw: raw, key: lockKey, done: make(chan acceptVerdict, 1)}
 	b.mu.Lock()
 	b.queue = append(b.queue, p)
 	b.mu.Unlock()
@@ -153,8 +162,15 @@ func (b *Batcher) runNext() {
 		}
 	}()
 	metrics.AcceptBatchEvents.Observe(float64(len(batch)))
+	// Stable: events of one channel keep their arrival order (they come from different
+	// connections, whose order among themselves is arrival order only).
+	slices.SortStableFunc(batch, func(x, y *pendingAccept) int { return strings.Compare(x.key, y.key) })
 	if b.onBatch != nil {
-		b.onBatch(len(batch))
+		keys := make([]string, len(batch))
+		for i, p := range batch {
+			keys[i] = p.key
+		}
+		b.onBatch(keys)
 	}
 	ctx, cancel := b.callContext(batch)
 	defer cancel()

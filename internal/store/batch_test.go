@@ -78,7 +78,7 @@ func (h *heldBatcher) send(ctx context.Context, ev *nostr.Event) <-chan verdictO
 func (h *heldBatcher) sendRaw(ctx context.Context, raw []byte) <-chan verdictOf {
 	out := make(chan verdictOf, 1)
 	go func() {
-		ok, msg, err := h.Accept(ctx, raw)
+		ok, msg, err := h.Accept(ctx, raw, "")
 		out <- verdictOf{ok, msg, err}
 	}()
 	return out
@@ -364,7 +364,7 @@ func TestBatcherSurvivesAPanickingCall(t *testing.T) {
 					out <- verdictOf{err: errors.New("panicked")}
 				}
 			}()
-			ok, msg, err := h.Accept(context.Background(), raw)
+			ok, msg, err := h.Accept(context.Background(), raw, "")
 			out <- verdictOf{ok, msg, err}
 		}()
 		return out
@@ -411,7 +411,7 @@ func TestBatcherCallEndsWithItsBase(t *testing.T) {
 	out := make(chan verdictOf, 1)
 	raw, _ := json.Marshal(u.Event(t, 1, nil, "slow"))
 	go func() {
-		ok, msg, err := b.Accept(ctx, raw)
+		ok, msg, err := b.Accept(ctx, raw, "")
 		out <- verdictOf{ok, msg, err}
 	}()
 	// Barrier: the call sleeps in the trigger.
@@ -532,5 +532,65 @@ func TestBatcherLeavesOutAnEventWithNoTimeLeft(t *testing.T) {
 	}
 	if storedCount(t, url, lateEv.ID) != 0 {
 		t.Fatal("the late event was stored")
+	}
+}
+
+// A call runs its events in lock-key order (the channel each names), whatever their arrival
+// order, so two processes' calls lock the same DMs in the same order; each event still gets its
+// own verdict.
+func TestBatcherRunsACallInChannelOrder(t *testing.T) {
+	url := testenv.FreshDB(t)
+	h := newHeldBatcher(t, url)
+	var mu sync.Mutex
+	var orders [][]string
+	h.SetOnBatchKeys(func(keys []string) {
+		mu.Lock()
+		orders = append(orders, keys)
+		first := len(orders) == 1
+		mu.Unlock()
+		if first {
+			close(h.held)
+			<-h.release
+		}
+	})
+	u := testenv.NewUser()
+	first := h.hold(u)
+	const unknownChannel = "00000000-0000-4000-8000-0000000000aa"
+	type sent struct {
+		key  string
+		ev   *nostr.Event
+		want string
+	}
+	all := []sent{
+		{"c", u.Event(t, 1, nil, "c"), ""},
+		{unknownChannel, u.Event(t, 9, nostr.Tags{{"h", unknownChannel}}, "refused"), "restricted: unknown channel"},
+		{"", u.Event(t, 1, nil, "none"), ""},
+		{"b", u.Event(t, 1, nil, "b"), ""},
+		{"00", u.Event(t, 1, nil, "00"), ""},
+	}
+	verdicts := []<-chan verdictOf{}
+	for i, s := range all {
+		raw, _ := json.Marshal(s.ev)
+		out := make(chan verdictOf, 1)
+		go func() {
+			ok, msg, err := h.Accept(context.Background(), raw, s.key)
+			out <- verdictOf{ok, msg, err}
+		}()
+		verdicts = append(verdicts, out)
+		h.waitQueued(i + 1)
+	}
+	close(h.release)
+	wait(t, first, "first")
+	for i, c := range verdicts {
+		v := wait(t, c, "event "+all[i].key)
+		if v.err != nil || v.msg != all[i].want || v.ok != (all[i].want == "") {
+			t.Errorf("event with key %q: %+v, want %q", all[i].key, v, all[i].want)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{"", "00", unknownChannel, "b", "c"}
+	if len(orders) != 2 || !slices.Equal(orders[1], want) {
+		t.Fatalf("calls ran in key orders %q, want the second %q", orders, want)
 	}
 }

@@ -2,8 +2,11 @@ package store
 
 // Test access for store_test (an in-package test would import testenv, which imports store).
 
-// SetOnBatch installs onBatch (call before the first Accept).
-func (b *Batcher) SetOnBatch(fn func(n int)) { b.onBatch = fn }
+// SetOnBatch installs onBatch with each call's size (call before the first Accept).
+func (b *Batcher) SetOnBatch(fn func(n int)) { b.onBatch = func(keys []string) { fn(len(keys)) } }
+
+// SetOnBatchKeys installs onBatch with each call's lock keys, in the call's order.
+func (b *Batcher) SetOnBatchKeys(fn func(keys []string)) { b.onBatch = fn }
 
 // Queued is the number of events waiting for a call.
 func (b *Batcher) Queued() int {
