@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/buzzpg/buzzpg/internal/metrics"
@@ -430,33 +429,15 @@ func TestBatcherCallEndsWithItsBase(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	before := fallbacksTotal(t)
+	before := testenv.CounterTotal(t, "buzz_accept_batch_fallbacks_total")
 	halt()
 	v := wait(t, out, "the call after its base ended")
 	if v.err == nil || v.ok || !strings.Contains(v.err.Error(), "outcome unknown") {
 		t.Fatalf("verdict %+v, want an outcome-unknown error", v)
 	}
-	if got := fallbacksTotal(t) - before; got != 0 {
+	if got := testenv.CounterTotal(t, "buzz_accept_batch_fallbacks_total") - before; got != 0 {
 		t.Fatalf("the cut call fell back to single calls (%v)", got)
 	}
-}
-
-// fallbacksTotal sums buzz_accept_batch_fallbacks_total over every reason.
-func fallbacksTotal(t *testing.T) float64 {
-	t.Helper()
-	mfs, err := prometheus.DefaultGatherer.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	total := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() == "buzz_accept_batch_fallbacks_total" {
-			for _, m := range mf.GetMetric() {
-				total += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return total
 }
 
 // slowTrigger makes the insert of an event whose content is "slow" sleep a minute.
@@ -487,7 +468,7 @@ func TestBatcherCallEndsAtTheEarliestDeadline(t *testing.T) {
 	other := u.Event(t, 1, nil, "other")
 	vo := h.send(context.Background(), other)
 	h.waitQueued(2)
-	before := fallbacksTotal(t)
+	before := testenv.CounterTotal(t, "buzz_accept_batch_fallbacks_total")
 	close(h.release)
 	wait(t, first, "first")
 	if v := wait(t, vs, "the event with the short deadline"); v.err == nil {
@@ -497,7 +478,7 @@ func TestBatcherCallEndsAtTheEarliestDeadline(t *testing.T) {
 	if v.err == nil || !strings.Contains(v.err.Error(), "outcome unknown") {
 		t.Fatalf("other event: %+v, want an outcome-unknown error", v)
 	}
-	if got := fallbacksTotal(t) - before; got != 0 {
+	if got := testenv.CounterTotal(t, "buzz_accept_batch_fallbacks_total") - before; got != 0 {
 		t.Fatalf("the cut call fell back to single calls (%v)", got)
 	}
 	if got := h.callSizes(); !slices.Equal(got, []int{1, 2}) {

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/buzzpg/buzzpg/internal/store"
 	"github.com/buzzpg/buzzpg/internal/testenv"
@@ -50,7 +49,7 @@ func BenchmarkBatchesSharingDMs(b *testing.B) {
 				evs[w] = append(evs[w], raw)
 			}
 		}
-		before := fallbacksTotal(b)
+		before := testenv.CounterTotal(b, "buzz_accept_batch_fallbacks_total")
 		b.StartTimer()
 		start := time.Now()
 		var wg sync.WaitGroup
@@ -70,24 +69,8 @@ func BenchmarkBatchesSharingDMs(b *testing.B) {
 		wg.Wait()
 		took += time.Since(start)
 		msgs += senders * perSender
-		fallbacks += fallbacksTotal(b) - before
+		fallbacks += testenv.CounterTotal(b, "buzz_accept_batch_fallbacks_total") - before
 	}
 	b.ReportMetric(msgs/took.Seconds(), "msgs/s")
 	b.ReportMetric(fallbacks/float64(b.N), "fallbacks/run")
-}
-
-func fallbacksTotal(tb testing.TB) float64 {
-	mfs, err := prometheus.DefaultGatherer.Gather()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	total := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() == "buzz_accept_batch_fallbacks_total" {
-			for _, m := range mf.GetMetric() {
-				total += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return total
 }
