@@ -53,7 +53,8 @@ func (s *Server) Deliver(d evt.Delivery) {
 		// A DM no subscription here matches costs no lookup: a client posting round-robin to
 		// more DMs than the cache holds would otherwise make every process wait for one lookup
 		// per event, on the goroutine all live delivery goes through, for nobody.
-		if _, cached := s.members.get(d.Scope.Channel); !cached && !s.anySubscriptionMatches(d, ix) {
+		if _, cached := s.members.get(d.Scope.Channel); !cached &&
+			(!s.interest.mayMatch(d.Event) || !s.anySubscriptionMatches(d, ix)) {
 			return
 		}
 		var ok bool
@@ -239,7 +240,15 @@ func (sub *subscription) remindersOnly() bool {
 // anySubscriptionMatches reports whether a subscription of an authenticated connection (only
 // they can be members of a DM) matches d, before any read gate.
 func (s *Server) anySubscriptionMatches(d evt.Delivery, ix tagIndex) bool {
-	for _, c := range s.authedConns() {
+	s.mu.RLock()
+	conns := make([]*conn, 0, len(s.byPubkey))
+	for _, set := range s.byPubkey {
+		for c := range set {
+			conns = append(conns, c) // twice when authenticated as two members: harmless here
+		}
+	}
+	s.mu.RUnlock()
+	for _, c := range conns {
 		if c.anySubMatches(d, ix) {
 			return true
 		}

@@ -94,20 +94,3 @@ func (s *Server) connsOf(pubkeys []string) []*conn {
 	}
 	return out
 }
-
-// authedConns returns the connections authenticated as anybody, each once.
-func (s *Server) authedConns() []*conn {
-	s.mu.RLock()
-	seen := make(map[*conn]struct{}, len(s.byPubkey))
-	for _, set := range s.byPubkey {
-		for c := range set {
-			seen[c] = struct{}{}
-		}
-	}
-	s.mu.RUnlock()
-	out := make([]*conn, 0, len(seen))
-	for c := range seen {
-		out = append(out, c)
-	}
-	return out
-}

@@ -50,6 +50,7 @@ type Server struct {
 	mu       sync.RWMutex
 	conns    map[*conn]struct{}
 	byPubkey authIndex      // conns by authenticated pubkey (recipients.go)
+	interest *interest      // live filters by the h values and kinds they need (interest.go)
 	admitted int            // connection slots taken (admission.go), upgrades in progress included
 	perIP    map[string]int // the same per client IP
 	connWG   sync.WaitGroup
@@ -110,6 +111,7 @@ func New(cfg Config, acceptPool, queryPool *pgxpool.Pool) (*Server, error) {
 		log:      cfg.Logger.With("component", "relay"),
 		conns:    map[*conn]struct{}{},
 		byPubkey: authIndex{},
+		interest: newInterest(),
 		perIP:    map[string]int{},
 	}
 	s.stop, s.stopWork = context.WithCancel(context.Background())

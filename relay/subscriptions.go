@@ -38,6 +38,7 @@ type subscription struct {
 	keepRows bool
 	rows     map[idKey]struct{}
 	rowsCut  bool
+	counted  *interest // the index counting this live subscription's filters (interest.watch)
 }
 
 // answered reports whether the initial query's snapshot saw d's transaction: the query answered
@@ -126,7 +127,12 @@ func (s *subscription) close() {
 	s.mu.Lock()
 	was := s.closed
 	s.closed = true
+	counted := s.counted
+	s.counted = nil
 	s.mu.Unlock()
+	if counted != nil {
+		counted.change(s, -1)
+	}
 	s.cancel()
 	if !was {
 		metrics.Subscriptions.Dec()

@@ -1,0 +1,112 @@
+package relay
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/evt"
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+// Every filter shape that can match a DM event must keep it deliverable while its DM's members
+// are not cached: the interest index may only answer "no" when no live filter could match. Each
+// shape gets a DM of its own, so every delivery below runs the uncached pre-check.
+func TestDeliveryReachesEveryFilterShapeOfAnUncachedDM(t *testing.T) {
+	tr := startRelay(t, nil)
+	a := newParty(t, tr, true)
+	for _, tc := range []struct {
+		name   string
+		filter func(ch, id string) nostr.Filter
+	}{
+		{"kinds", func(_, _ string) nostr.Filter { return nostr.Filter{Kinds: []int{9}} }},
+		{"authors only (no kinds)", func(_, _ string) nostr.Filter { return nostr.Filter{Authors: []string{a.pk}} }},
+		{"#h only", func(ch, _ string) nostr.Filter { return nostr.Filter{Tags: nostr.TagMap{"h": []string{ch}}} }},
+		{"kinds and #h", func(ch, _ string) nostr.Filter {
+			return nostr.Filter{Kinds: []int{9}, Tags: nostr.TagMap{"h": []string{ch}}}
+		}},
+		{"#h among others", func(ch, _ string) nostr.Filter {
+			return nostr.Filter{Kinds: []int{9}, Tags: nostr.TagMap{"h": []string{randUUID(), ch, randUUID()}}}
+		}},
+		{"kinds among others", func(_, _ string) nostr.Filter { return nostr.Filter{Kinds: []int{1, 7, 9, 30622}} }},
+		{"ids", func(_, id string) nostr.Filter { return nostr.Filter{IDs: []string{id}} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newParty(t, tr, true)
+			ch := openDM(t, a, b.pk)
+			m := signed(a.sk, 9, "to "+tc.name, nostr.Now(), nostr.Tag{"h", ch})
+			b.c.req("live", nostr.Filter{Kinds: []int{7}}, tc.filter(ch, m.ID)) // beside one that cannot match
+			// An #h filter's REQ gate looked the members up; as after an announced member edit,
+			// the cache forgets them.
+			tr.s.members.forget(evt.MembersChange{Channels: []string{ch}}, 0)
+			if _, cached := tr.s.members.get(ch); cached {
+				t.Fatal("the DM's members are cached: the test would not run the pre-check")
+			}
+			tr.s.Deliver(evt.Delivery{Event: &m, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}})
+			if got := b.c.nextEvent("live"); got.ID != m.ID {
+				t.Fatalf("live event %s, want %s", got.ID, m.ID)
+			}
+		})
+	}
+}
+
+// The index counts a subscription from its registration until it ends, whichever way it ends:
+// CLOSE, a REQ reusing its id, CLOSED from the relay (a malformed REQ naming it), the connection
+// closing. A leak would not lose events, but would bring back the walk it exists to avoid.
+func TestInterestFollowsSubscriptionsUntilTheyEnd(t *testing.T) {
+	tr := startRelay(t, nil)
+	in := tr.s.interest
+	a := newParty(t, tr, true)
+	ch, other := openDM(t, a, newParty(t, tr, false).pk), openDM(t, a, newParty(t, tr, false).pk)
+	dm := signed(a.sk, 9, "", nostr.Now(), nostr.Tag{"h", ch})
+	reaction := signed(a.sk, 7, "", nostr.Now())
+	if !in.empty() {
+		t.Fatal("a relay without subscriptions counts some")
+	}
+	// Requests on one connection are handled in order: once a later REQ's EOSE is back, the
+	// relay has handled everything sent before it.
+	sync := func(c *client) { c.req("sync", nostr.Filter{Kinds: []int{1}, Limit: 1}); c.sendJSON("CLOSE", "sync") }
+
+	a.c.req("h", nostr.Filter{Kinds: []int{9}, Tags: nostr.TagMap{"h": []string{other}}})
+	if in.mayMatch(&dm) {
+		t.Fatal("a filter for another DM counts as interest in this one")
+	}
+	a.c.req("h", nostr.Filter{Tags: nostr.TagMap{"h": []string{ch}}}) // replaces the one for other
+	if !in.mayMatch(&dm) {
+		t.Fatal("a filter for this DM is not counted")
+	}
+	a.c.sendJSON("CLOSE", "h")
+	sync(a.c)
+	if in.mayMatch(&dm) {
+		t.Fatal("a CLOSEd subscription still counts")
+	}
+
+	a.c.req("r", nostr.Filter{Kinds: []int{7}})
+	if in.mayMatch(&dm) || !in.mayMatch(&reaction) {
+		t.Fatal("kind 7 interest counted wrong")
+	}
+	a.c.sendJSON("REQ", "r", "not a filter") // CLOSED invalid: ends the subscription of that id
+	if _, reason := a.c.collect("r"); reason == "" {
+		t.Fatal("a malformed REQ was not answered CLOSED")
+	}
+	sync(a.c)
+	if in.mayMatch(&reaction) {
+		t.Fatal("a subscription the relay CLOSED still counts")
+	}
+
+	b := newParty(t, tr, false)
+	b.c.req("any", nostr.Filter{Authors: []string{a.pk}})
+	if !in.mayMatch(&dm) {
+		t.Fatal("a filter without kinds or #h is not counted as interest in every DM")
+	}
+	b.c.ws.Close()
+	testenv.WaitUntil(t, 10*time.Second, "the closed connection's subscription to be uncounted", in.empty)
+	a.c.ws.Close()
+	testenv.WaitUntil(t, 10*time.Second, "every subscription uncounted", in.empty)
+}
+
+func randUUID() string {
+	h := randHex64()
+	return h[0:8] + "-" + h[8:12] + "-4" + h[13:16] + "-8" + h[17:20] + "-" + h[20:32]
+}
