@@ -110,3 +110,40 @@ func randUUID() string {
 	h := randHex64()
 	return h[0:8] + "-" + h[8:12] + "-4" + h[13:16] + "-8" + h[17:20] + "-" + h[20:32]
 }
+
+// A public event goes only to the connections the index names: every filter shape that can match
+// it must name the connection, and one whose filters cannot must not get it.
+func TestPublicDeliveryReachesEveryFilterShape(t *testing.T) {
+	tr := startRelay(t, nil)
+	a := newParty(t, tr, false)
+	for _, tc := range []struct {
+		name   string
+		filter func(id string) nostr.Filter
+	}{
+		{"kinds", func(string) nostr.Filter { return nostr.Filter{Kinds: []int{1}} }},
+		{"kinds among others", func(string) nostr.Filter { return nostr.Filter{Kinds: []int{0, 1, 7, 30023}} }},
+		{"authors only (no kinds)", func(string) nostr.Filter { return nostr.Filter{Authors: []string{a.pk}} }},
+		{"a tag only", func(string) nostr.Filter { return nostr.Filter{Tags: nostr.TagMap{"t": []string{"topic"}}} }},
+		{"ids", func(id string) nostr.Filter { return nostr.Filter{IDs: []string{id}} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, other := newParty(t, tr, false), newParty(t, tr, true)
+			ch := openDM(t, other, newParty(t, tr, false).pk)
+			other.c.req("other", nostr.Filter{Kinds: []int{7}}, nostr.Filter{Kinds: []int{1, 9}, Tags: nostr.TagMap{"h": []string{ch}}})
+			m := signed(a.sk, 1, "to "+tc.name, nostr.Now(), nostr.Tag{"t", "topic"})
+			b.c.req("live", nostr.Filter{Kinds: []int{7}}, tc.filter(m.ID)) // beside one that cannot match
+			for _, c := range tr.s.interest.candidates(&m) {
+				c.mu.Lock()
+				_, isOther := c.subs["other"]
+				c.mu.Unlock()
+				if isOther {
+					t.Fatal("a connection whose filters cannot match is a candidate")
+				}
+			}
+			tr.s.Deliver(evt.Delivery{Event: &m, Scope: evt.Scope{Kind: evt.ScopePublic}})
+			if got := b.c.nextEvent("live"); got.ID != m.ID {
+				t.Fatalf("live event %s, want %s", got.ID, m.ID)
+			}
+		})
+	}
+}

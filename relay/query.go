@@ -57,7 +57,7 @@ func (c *conn) handleReq(subID string, filters []nostr.Filter) {
 		return
 	}
 	c.subs[subID] = sub
-	c.s.interest.watch(sub)
+	c.s.interest.watch(c, sub)
 	c.mu.Unlock()
 	// Taken now, not after the query: however long the query waits, what was delivered just
 	// before the subscription existed is still at hand (recentStored).

@@ -49,7 +49,7 @@ func (s *Server) unindexAuth(c *conn) {
 func (s *Server) recipients(d evt.Delivery, members []string) []*conn {
 	switch d.Scope.Kind {
 	case evt.ScopePublic:
-		return s.snapshotConns()
+		return s.interest.candidates(d.Event)
 	case evt.ScopeAuthor:
 		return s.connsOf([]string{d.Event.PubKey})
 	case evt.ScopeP:

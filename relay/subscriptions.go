@@ -38,7 +38,10 @@ type subscription struct {
 	keepRows bool
 	rows     map[idKey]struct{}
 	rowsCut  bool
-	counted  *interest // the index counting this live subscription's filters (interest.watch)
+	// counted is the index counting this live subscription's filters for countedFor, its
+	// connection (interest.watch); nil once closed.
+	counted    *interest
+	countedFor *conn
 }
 
 // answered reports whether the initial query's snapshot saw d's transaction: the query answered
@@ -127,11 +130,11 @@ func (s *subscription) close() {
 	s.mu.Lock()
 	was := s.closed
 	s.closed = true
-	counted := s.counted
-	s.counted = nil
+	counted, c := s.counted, s.countedFor
+	s.counted, s.countedFor = nil, nil
 	s.mu.Unlock()
 	if counted != nil {
-		counted.change(s, -1)
+		counted.change(c, s, -1)
 	}
 	s.cancel()
 	if !was {
