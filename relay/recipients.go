@@ -43,9 +43,10 @@ func (s *Server) unindexAuth(c *conn) {
 	}
 }
 
-// recipients returns the connections that may read d: every connection for a public event, else
-// those authenticated as a pubkey its scope names (members: the DM's sorted member set). It is a
-// superset at worst; Scope.Readable still decides for each.
+// recipients returns the connections that may read d: for a public event those with a filter
+// that could match it (interest.candidates), else those authenticated as a pubkey its scope names
+// (members: the DM's sorted member set). It is a superset at worst; Scope.Readable and the
+// filters still decide for each.
 func (s *Server) recipients(d evt.Delivery, members []string) []*conn {
 	switch d.Scope.Kind {
 	case evt.ScopePublic:
