@@ -33,9 +33,14 @@ func TestDeliveryReachesEveryFilterShapeOfAnUncachedDM(t *testing.T) {
 		{"ids", func(_, id string) nostr.Filter { return nostr.Filter{IDs: []string{id}} }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			// The previous shape's connection must be gone, or its filter would answer for this one.
+			testenv.WaitUntil(t, 10*time.Second, "the previous subscriptions to end", tr.s.interest.empty)
 			b := newParty(t, tr, true)
 			ch := openDM(t, a, b.pk)
 			m := signed(a.sk, 9, "to "+tc.name, nostr.Now(), nostr.Tag{"h", ch})
+			if tr.s.interest.mayMatch(&m) {
+				t.Fatal("interest in a DM before anyone subscribed")
+			}
 			b.c.req("live", nostr.Filter{Kinds: []int{7}}, tc.filter(ch, m.ID)) // beside one that cannot match
 			// An #h filter's REQ gate looked the members up; as after an announced member edit,
 			// the cache forgets them.
@@ -52,8 +57,8 @@ func TestDeliveryReachesEveryFilterShapeOfAnUncachedDM(t *testing.T) {
 }
 
 // The index counts a subscription from its registration until it ends, whichever way it ends:
-// CLOSE, a REQ reusing its id, CLOSED from the relay (a malformed REQ naming it), the connection
-// closing. A leak would not lose events, but would bring back the walk it exists to avoid.
+// CLOSE, a REQ reusing its id, CLOSED from the relay (closeID: a malformed REQ naming it), the
+// connection closing. A leak would not lose events, but would bring back the walk it exists to avoid.
 func TestInterestFollowsSubscriptionsUntilTheyEnd(t *testing.T) {
 	tr := startRelay(t, nil)
 	in := tr.s.interest
@@ -146,4 +151,43 @@ func TestPublicDeliveryReachesEveryFilterShape(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Counts, not sets: a connection with two filters that share a kind or an h value, in one
+// subscription or in two, stays listed until the last of them ends.
+func TestInterestCountsEachFilterOfAConnection(t *testing.T) {
+	tr := startRelay(t, nil)
+	in := tr.s.interest
+	a := newParty(t, tr, true)
+	ch := openDM(t, a, newParty(t, tr, false).pk)
+	dm := signed(a.sk, 9, "", nostr.Now(), nostr.Tag{"h", ch})
+	note := signed(a.sk, 1, "", nostr.Now())
+	// A kind neither event has, so the sync subscription itself counts for neither.
+	sync := func() { a.c.req("sync", nostr.Filter{Kinds: []int{5}, Limit: 1}); a.c.sendJSON("CLOSE", "sync") }
+	listed := func() bool { return len(in.candidates(&note)) == 1 }
+
+	a.c.req("one", nostr.Filter{Kinds: []int{1}}, nostr.Filter{Kinds: []int{1, 7}})
+	a.c.req("two", nostr.Filter{Kinds: []int{1}})
+	a.c.req("h1", nostr.Filter{Tags: nostr.TagMap{"h": []string{ch}}})
+	a.c.req("h2", nostr.Filter{Kinds: []int{9}, Tags: nostr.TagMap{"h": []string{ch}}}, nostr.Filter{Tags: nostr.TagMap{"h": []string{ch}}})
+	if !listed() || !in.mayMatch(&dm) {
+		t.Fatal("the subscriptions are not counted")
+	}
+	for _, id := range []string{"one", "h1"} {
+		a.c.sendJSON("CLOSE", id)
+	}
+	sync()
+	if !listed() {
+		t.Fatal("closing one of two subscriptions for kind 1 took the connection out")
+	}
+	if !in.mayMatch(&dm) {
+		t.Fatal("closing one of two subscriptions for the DM took its interest out")
+	}
+	a.c.sendJSON("CLOSE", "two")
+	a.c.sendJSON("CLOSE", "h2")
+	sync()
+	if len(in.candidates(&note)) != 0 || in.mayMatch(&dm) {
+		t.Fatal("the connection is still counted after its last subscription ended")
+	}
+	testenv.WaitUntil(t, 10*time.Second, "no counts left once the sync subscription is closed", in.empty)
 }

@@ -57,6 +57,11 @@ func (c *conn) handleReq(subID string, filters []nostr.Filter) {
 		return
 	}
 	c.subs[subID] = sub
+	// Counted from here on: a Deliver that looked for candidates before this line skips this
+	// connection. A stored event it carried is in the recent window by then (Deliver adds it
+	// before it looks), so the matching below still finds it for a filter with a query. An
+	// ephemeral event, or one only a limit-0 filter matches, is missed in that window, as one
+	// delivered just before the REQ arrived is: the two were concurrent.
 	c.s.interest.watch(c, sub)
 	c.mu.Unlock()
 	// Taken now, not after the query: however long the query waits, what was delivered just
