@@ -218,6 +218,7 @@ func (p *Publisher) worker(ctx context.Context) {
 			if ctx.Err() != nil {
 				return // stopped while claiming: Close gives the batch back
 			}
+			metrics.SnapshotClaimViewers.Observe(float64(len(batch)))
 			if len(batch) >= size { // a claim may add rows in backoff on top of size
 				p.kickDrain() // probably more waiting: wake another idle worker
 			}

@@ -86,6 +86,12 @@ var (
 	Publications = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "buzz_snapshot_publications_total", Help: "Snapshot publications by outcome (published, stale, retry, failed).",
 	}, []string{"outcome"})
+	// SnapshotClaimViewers is the number of viewers per non-empty outbox claim: each claim and
+	// its publication are one transaction each, so small claims under load mean many commits.
+	SnapshotClaimViewers = promauto.NewHistogram(prometheus.HistogramOpts{
+		Name: "buzz_snapshot_claim_viewers", Help: "Viewers per non-empty visibility outbox claim (published together).",
+		Buckets: []float64{1, 2, 4, 8, 16, 32},
+	})
 	ConvergeSeconds = promauto.NewHistogram(prometheus.HistogramOpts{
 		Name: "buzz_snapshot_converge_seconds", Help: "From the visibility change to the published snapshot.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
