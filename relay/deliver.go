@@ -238,18 +238,11 @@ func (sub *subscription) remindersOnly() bool {
 }
 
 // anySubscriptionMatches reports whether a subscription of an authenticated connection (only
-// they can be members of a DM) matches d, before any read gate.
+// they can be members of a DM) matches d, before any read gate. Only the connections the interest
+// index names can hold one.
 func (s *Server) anySubscriptionMatches(d evt.Delivery, ix tagIndex) bool {
-	s.mu.RLock()
-	conns := make([]*conn, 0, len(s.byPubkey))
-	for _, set := range s.byPubkey {
-		for c := range set {
-			conns = append(conns, c) // twice when authenticated as two members: harmless here
-		}
-	}
-	s.mu.RUnlock()
-	for _, c := range conns {
-		if c.anySubMatches(d, ix) {
+	for _, c := range s.interest.candidates(d.Event) {
+		if len(c.authedList()) > 0 && c.anySubMatches(d, ix) {
 			return true
 		}
 	}
