@@ -101,9 +101,13 @@ func TestInterestFollowsSubscriptionsUntilTheyEnd(t *testing.T) {
 	}
 
 	b := newParty(t, tr, false)
-	b.c.req("any", nostr.Filter{Authors: []string{a.pk}})
+	b.c.req("by", nostr.Filter{Authors: []string{a.pk}})
 	if !in.mayMatch(&dm) {
-		t.Fatal("a filter without kinds or #h is not counted as interest in every DM")
+		t.Fatal("a filter for the DM event's author is not counted")
+	}
+	b.c.req("any", nostr.Filter{Limit: 1})
+	if !in.mayMatch(&reaction) {
+		t.Fatal("a filter with no conditions is not counted as interest in every event")
 	}
 	b.c.ws.Close()
 	testenv.WaitUntil(t, 10*time.Second, "the closed connection's subscription to be uncounted", in.empty)
@@ -130,11 +134,19 @@ func TestPublicDeliveryReachesEveryFilterShape(t *testing.T) {
 		{"authors only (no kinds)", func(string) nostr.Filter { return nostr.Filter{Authors: []string{a.pk}} }},
 		{"a tag only", func(string) nostr.Filter { return nostr.Filter{Tags: nostr.TagMap{"t": []string{"topic"}}} }},
 		{"ids", func(id string) nostr.Filter { return nostr.Filter{IDs: []string{id}} }},
+		{"ids among others, with kinds", func(id string) nostr.Filter {
+			return nostr.Filter{IDs: []string{randHex64(), id}, Kinds: []int{1}}
+		}},
+		{"authors among others, with kinds", func(string) nostr.Filter {
+			return nostr.Filter{Authors: []string{randHex64(), a.pk, randHex64()}, Kinds: []int{1}}
+		}},
+		{"since only", func(string) nostr.Filter { ts := nostr.Timestamp(1); return nostr.Filter{Since: &ts} }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b, other := newParty(t, tr, false), newParty(t, tr, true)
 			ch := openDM(t, other, newParty(t, tr, false).pk)
-			other.c.req("other", nostr.Filter{Kinds: []int{7}}, nostr.Filter{Kinds: []int{1, 9}, Tags: nostr.TagMap{"h": []string{ch}}})
+			other.c.req("other", nostr.Filter{Kinds: []int{7}}, nostr.Filter{Kinds: []int{1, 9}, Tags: nostr.TagMap{"h": []string{ch}}},
+				nostr.Filter{Authors: []string{other.pk}}, nostr.Filter{IDs: []string{randHex64()}, Kinds: []int{1}})
 			m := signed(a.sk, 1, "to "+tc.name, nostr.Now(), nostr.Tag{"t", "topic"})
 			b.c.req("live", nostr.Filter{Kinds: []int{7}}, tc.filter(m.ID)) // beside one that cannot match
 			for _, c := range tr.s.interest.candidates(&m) {

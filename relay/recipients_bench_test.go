@@ -74,7 +74,8 @@ func BenchmarkScopedRecipients(b *testing.B) {
 }
 
 // BenchmarkUnwantedEvents measures what live delivery spends on events nobody here wants, with
-// 2,000 connections, each authenticated and subscribed to its viewer's snapshots:
+// 2,000 connections, each authenticated and subscribed to its viewer's snapshots and to a feed of
+// 50 authors (kinds 1, 6, 7):
 //
 //   - a DM event whose members are not cached (Deliver decides to skip the member lookup): the
 //     interest index beside, in the same run, the walk over every authenticated connection's
@@ -93,6 +94,11 @@ func BenchmarkUnwantedEvents(b *testing.B) {
 		c := tr.dial(b)
 		c.mustAuth(sk, tr.url)
 		c.req("snap", nostr.Filter{Kinds: []int{30622}, Tags: nostr.TagMap{"p": []string{pk}}})
+		follows := make([]string, 50) // a feed: what 50 others post, none of them the event's author
+		for j := range follows {
+			follows[j] = randHex64()
+		}
+		c.req("feed", nostr.Filter{Kinds: []int{1, 6, 7}, Authors: follows, Limit: 1})
 	}
 	dm := nostr.Event{ID: randHex64(), Kind: 9, Tags: nostr.Tags{{"h", "00000000-0000-4000-8000-000000000000"}}}
 	dmd := evt.Delivery{Event: &dm, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: dm.Tags[0][1]}}
