@@ -48,10 +48,7 @@ func TestDeliveryReachesEveryFilterShapeOfAnUncachedDM(t *testing.T) {
 			if _, cached := tr.s.members.get(ch); cached {
 				t.Fatal("the DM's members are cached: the test would not run the pre-check")
 			}
-			tr.s.Deliver(evt.Delivery{Event: &m, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}})
-			if got := b.c.nextEvent("live"); got.ID != m.ID {
-				t.Fatalf("live event %s, want %s", got.ID, m.ID)
-			}
+			deliverExpect(tr, b.c, m, evt.Scope{Kind: evt.ScopeChannel, Channel: ch})
 		})
 	}
 }
@@ -69,9 +66,6 @@ func TestInterestFollowsSubscriptionsUntilTheyEnd(t *testing.T) {
 	if !in.empty() {
 		t.Fatal("a relay without subscriptions counts some")
 	}
-	// Requests on one connection are handled in order: once a later REQ's EOSE is back, the
-	// relay has handled everything sent before it.
-	sync := func(c *client) { c.req("sync", nostr.Filter{Kinds: []int{1}, Limit: 1}); c.sendJSON("CLOSE", "sync") }
 
 	a.c.req("h", nostr.Filter{Kinds: []int{9}, Tags: nostr.TagMap{"h": []string{other}}})
 	if in.mayMatch(&dm) {
@@ -82,7 +76,7 @@ func TestInterestFollowsSubscriptionsUntilTheyEnd(t *testing.T) {
 		t.Fatal("a filter for this DM is not counted")
 	}
 	a.c.sendJSON("CLOSE", "h")
-	sync(a.c)
+	handled(a.c)
 	if in.mayMatch(&dm) {
 		t.Fatal("a CLOSEd subscription still counts")
 	}
@@ -95,7 +89,7 @@ func TestInterestFollowsSubscriptionsUntilTheyEnd(t *testing.T) {
 	if _, reason := a.c.collect("r"); reason == "" {
 		t.Fatal("a malformed REQ was not answered CLOSED")
 	}
-	sync(a.c)
+	handled(a.c)
 	if in.mayMatch(&reaction) {
 		t.Fatal("a subscription the relay CLOSED still counts")
 	}
@@ -157,10 +151,7 @@ func TestPublicDeliveryReachesEveryFilterShape(t *testing.T) {
 					t.Fatal("a connection whose filters cannot match is a candidate")
 				}
 			}
-			tr.s.Deliver(evt.Delivery{Event: &m, Scope: evt.Scope{Kind: evt.ScopePublic}})
-			if got := b.c.nextEvent("live"); got.ID != m.ID {
-				t.Fatalf("live event %s, want %s", got.ID, m.ID)
-			}
+			deliverExpect(tr, b.c, m, evt.Scope{Kind: evt.ScopePublic})
 		})
 	}
 }
@@ -174,8 +165,6 @@ func TestInterestCountsEachFilterOfAConnection(t *testing.T) {
 	ch := openDM(t, a, newParty(t, tr, false).pk)
 	dm := signed(a.sk, 9, "", nostr.Now(), nostr.Tag{"h", ch})
 	note := signed(a.sk, 1, "", nostr.Now())
-	// A kind neither event has, so the sync subscription itself counts for neither.
-	sync := func() { a.c.req("sync", nostr.Filter{Kinds: []int{5}, Limit: 1}); a.c.sendJSON("CLOSE", "sync") }
 	listed := func() bool { return len(in.candidates(&note)) == 1 }
 
 	a.c.req("one", nostr.Filter{Kinds: []int{1}}, nostr.Filter{Kinds: []int{1, 7}})
@@ -188,7 +177,7 @@ func TestInterestCountsEachFilterOfAConnection(t *testing.T) {
 	for _, id := range []string{"one", "h1"} {
 		a.c.sendJSON("CLOSE", id)
 	}
-	sync()
+	handled(a.c)
 	if !listed() {
 		t.Fatal("closing one of two subscriptions for kind 1 took the connection out")
 	}
@@ -197,9 +186,27 @@ func TestInterestCountsEachFilterOfAConnection(t *testing.T) {
 	}
 	a.c.sendJSON("CLOSE", "two")
 	a.c.sendJSON("CLOSE", "h2")
-	sync()
+	handled(a.c)
 	if len(in.candidates(&note)) != 0 || in.mayMatch(&dm) {
 		t.Fatal("the connection is still counted after its last subscription ended")
 	}
-	testenv.WaitUntil(t, 10*time.Second, "no counts left once the sync subscription is closed", in.empty)
+	testenv.WaitUntil(t, 10*time.Second, "no counts left once the last REQ of handled is closed", in.empty)
+}
+
+// deliverExpect hands m to live delivery and waits for it on c's subscription "live".
+func deliverExpect(tr *testRelay, c *client, m nostr.Event, scope evt.Scope) {
+	c.t.Helper()
+	tr.s.Deliver(evt.Delivery{Event: &m, Scope: scope})
+	if got := c.nextEvent("live"); got.ID != m.ID {
+		c.t.Fatalf("live event %s, want %s", got.ID, m.ID)
+	}
+}
+
+// handled returns once the relay has handled everything c sent before: a connection's messages
+// are handled in order, so a later REQ's EOSE says so. Its subscription (kind 5, which no event
+// in these tests has) is closed again; that CLOSE is handled with the next message.
+func handled(c *client) {
+	c.t.Helper()
+	c.req("handled", nostr.Filter{Kinds: []int{5}, Limit: 1})
+	c.sendJSON("CLOSE", "handled")
 }
