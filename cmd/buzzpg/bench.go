@@ -27,7 +27,8 @@ scenarios:
              (hide, message, hide, ...); baseline accept_event of the same sequences on other DMs
   converge   resurfacing message OK -> the viewer's live 30622; baseline accept+source+sign+publish in SQL (--relay-key)
   reminders  a burst of --n reminders due in the same second; lateness; baseline claim+confirm in SQL
-  fanout     publish on the first --relay, receive on the last; ramp (or --rate) to the highest rate that keeps up
+  fanout     publish on the first --relay, receive on the last; ramp (or --rate) to the highest rate that keeps up;
+             --idle N holds N more quiet, subscribed connections open meanwhile
   flood      a victim's EVENT->OK and REQ->EOSE p50/p99 alone and under a flood from another loopback IP
              (127.0.0.2), on a relay with rate limits and (with --spawn) on one without; --duration per phase
   all        every scenario above with the given flags
@@ -56,6 +57,7 @@ func runBench(args []string) error {
 	conns := fs.Int("conns", 8, "client connections (and pool connections of the baseline)")
 	rate := fs.Float64("rate", 0, "target total rate per second (0: closed loop as fast as it goes; fanout: ramp)")
 	n := fs.Int("n", 20000, "events (reminders) to pre-sign: an upper bound on one run")
+	idle := fs.Int("idle", 0, "fanout: this many more connections, spread over the relays, each authenticated and subscribed to its snapshots and to a feed of 50 authors who post nothing (from 127.0.1.x, 500 per address)")
 	jsonOut := fs.String("json", "", "also write the results as JSON to this file")
 	spawn := fs.Int("spawn", 0, "start this many `buzzpg serve` processes (on loopback) and bench them instead of --relay")
 	fresh := fs.Bool("fresh", false, "with --spawn: create a fresh database on the --database-url server, drop it afterwards")
@@ -89,8 +91,8 @@ func runBench(args []string) error {
 	if *conns < 1 {
 		return fmt.Errorf("--conns must be at least 1")
 	}
-	if *n < 1 || *spawn < 0 {
-		return fmt.Errorf("--n must be at least 1 and --spawn at least 0")
+	if *n < 1 || *spawn < 0 || *idle < 0 {
+		return fmt.Errorf("--n must be at least 1, --spawn and --idle at least 0")
 	}
 
 	var spawnFn func(string, []string) (string, func(), error)
@@ -113,7 +115,7 @@ func runBench(args []string) error {
 		}
 	}
 	base := bench.Config{Relays: relays, DatabaseURL: *dbURL, RelayKey: *relayKey, Duration: *dur,
-		Conns: *conns, Rate: *rate, N: *n, Logf: logf}
+		Conns: *conns, Rate: *rate, N: *n, Idle: *idle, Logf: logf}
 
 	type step struct {
 		name string

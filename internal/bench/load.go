@@ -26,6 +26,7 @@ type Config struct {
 	Conns       int
 	Rate        float64 // target total rate; 0 = as fast as closed loops go
 	N           int     // events (or reminders) to pre-sign; an upper bound on one run
+	Idle        int     // fanout: quiet connections held open beside the scenario's (dialIdle)
 	Logf        func(format string, args ...any)
 	// Spawn, when set (bench --spawn), starts one more `buzzpg serve` on loopback with extra
 	// environment (KEY=VALUE) and returns its WebSocket URL and how to stop it (flood uses it
