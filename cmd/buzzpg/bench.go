@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -31,11 +32,14 @@ scenarios:
              --idle N holds N more quiet, subscribed connections open meanwhile
   flood      a victim's EVENT->OK and REQ->EOSE p50/p99 alone and under a flood from another loopback IP
              (127.0.0.2), on a relay with rate limits and (with --spawn) on one without; --duration per phase
-  all        every scenario above with the given flags
+  all        every scenario above with the given flags; or name several, separated by commas (ingest,fanout)
   standard   the set ` + "`make bench`" + ` runs, each scenario with its own sizes (about 5 minutes)
 
 flags:
 `
+
+// scenarios are the load tool's scenarios in the order `all` runs them.
+var scenarios = []string{"ingest", "dm", "converge", "reminders", "fanout", "flood"}
 
 type relayList []string
 
@@ -75,6 +79,18 @@ func runBench(args []string) error {
 	if scenario == "" {
 		fs.Usage()
 		return fmt.Errorf("no scenario given")
+	}
+	// One scenario, or several separated by commas (one set of spawned relays for all); checked
+	// before any relay is started.
+	names := scenarios
+	if scenario != "all" && scenario != "standard" {
+		names = strings.Split(scenario, ",")
+		for _, name := range names {
+			if !slices.Contains(scenarios, name) {
+				fs.Usage()
+				return fmt.Errorf("unknown scenario %q", name)
+			}
+		}
 	}
 	if *relayKey == "" && *relayKeyFile != "" {
 		sk, _, err := loadRelayKey("", *relayKeyFile)
@@ -124,12 +140,6 @@ func runBench(args []string) error {
 	base.Spawn = spawnFn
 	var steps []step
 	switch scenario {
-	case "ingest", "dm", "converge", "reminders", "fanout", "flood":
-		steps = []step{{scenario, base}}
-	case "all":
-		for _, s := range []string{"ingest", "dm", "converge", "reminders", "fanout", "flood"} {
-			steps = append(steps, step{s, base})
-		}
 	case "standard":
 		with := func(d time.Duration, c, n int) bench.Config {
 			x := base
@@ -145,8 +155,9 @@ func runBench(args []string) error {
 			{"flood", with(6*time.Second, 4, 20000)},
 		}
 	default:
-		fs.Usage()
-		return fmt.Errorf("unknown scenario %q", scenario)
+		for _, name := range names {
+			steps = append(steps, step{name, base})
+		}
 	}
 
 	host, _ := os.Hostname()
