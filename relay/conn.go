@@ -87,6 +87,7 @@ func newConn(s *Server, ws *websocket.Conn, r *http.Request, relayURL, ip, key s
 	if s.cfg.ReqRate > 0 {
 		c.reqBucket = newTokenBucket(s.cfg.ReqRate, s.cfg.ReqBurst)
 	}
+	s.sends.join(c.q, key) // until c.q.release at teardown
 	c.log = s.log.With("conn", c.id, "remote", r.RemoteAddr, "client_ip", ip)
 	empty := []string{}
 	c.authed.Store(&empty)
@@ -155,6 +156,7 @@ func (c *conn) run() {
 	}
 	c.mu.Unlock()
 	c.log.Debug("disconnected", "reason", reason)
+	c.q.release()
 	c.s.removeConn(c, reason)
 }
 
@@ -347,22 +349,30 @@ func (c *conn) kill(reason string) {
 	})
 }
 
-// overflow handles a live push that did not fit: the client stays behind, so it is told and closed.
-func (c *conn) overflow() {
-	if c.q.isClosed() {
+// overflow handles a live push that did not fit (why: what refused it, sendQueue.offer): the
+// client stays behind, so it is told and closed.
+func (c *conn) overflow(why string) {
+	if why == "" || c.q.isClosed() {
 		return
 	}
-	metrics.SlowClientsClosed.WithLabelValues("overflow").Inc()
-	c.log.Warn("send queue overflow, closing slow client", "limit_bytes", c.s.cfg.SendQueueBytes)
+	switch why {
+	case "client":
+		metrics.SlowClientsClosed.WithLabelValues("client_share").Inc()
+		c.log.Warn("send queues of this client over its share, closing slow client", "share_bytes", c.s.cfg.SendClientShare)
+	case "budget":
+		metrics.SlowClientsClosed.WithLabelValues("send_budget").Inc()
+		c.log.Warn("send queues over the process's budget, closing a slow client", "budget_bytes", c.s.cfg.SendBudget)
+	default:
+		metrics.SlowClientsClosed.WithLabelValues("overflow").Inc()
+		c.log.Warn("send queue overflow, closing slow client", "limit_bytes", c.s.cfg.SendQueueBytes)
+	}
 	c.closeGracefully(websocket.ClosePolicyViolation, "send queue overflow", "error: too slow, send queue full")
 }
 
 // send enqueues a reply to the client's own message; like live delivery it never waits: a full
 // queue means the client is not reading.
 func (c *conn) send(msg []byte) {
-	if !c.q.push(msg) {
-		c.overflow()
-	}
+	c.overflow(c.q.offer(msg))
 }
 
 func (c *conn) notice(text string) { c.send(marshalArray("NOTICE", text)) }

@@ -217,8 +217,8 @@ func (c *conn) deliver(d evt.Delivery, js []byte, ix tagIndex) {
 	if len(msgs) == 0 {
 		return
 	}
-	if !c.q.pushAll(msgs) {
-		c.overflow()
+	if why := c.q.offer(msgs...); why != "" {
+		c.overflow(why)
 		return
 	}
 	if d.Due {

@@ -26,8 +26,14 @@ type Config struct {
 	// several subscriptions go in as one unit (pushAll), so the queue may pass it by up to
 	// MaxSubscriptions copies of one event (about twice MaxMessageLength each, as written).
 	SendQueueBytes int
-	MaxConns       int // open WebSocket connections per process, default 10000 (over: HTTP 503)
-	MaxConnsPerIP  int // of them from one client IP, default 1000 (over: HTTP 429)
+	// SendBudget bounds the bytes waiting in all send queues together, default 1 GiB, and
+	// SendClientShare those of one client IP's connections together, default a quarter of it
+	// (and at least SendQueueBytes): a connection whose queue holds something when its push would
+	// pass either is closed as a slow client (sendBudget).
+	SendBudget      int64
+	SendClientShare int64
+	MaxConns        int // open WebSocket connections per process, default 10000 (over: HTTP 503)
+	MaxConnsPerIP   int // of them from one client IP, default 1000 (over: HTTP 429)
 	// TrustedProxies are load balancers whose X-Forwarded-For is believed for the client IP that
 	// per-IP caps and rates count (see clientIP); empty: the TCP peer is the client.
 	TrustedProxies []netip.Prefix
@@ -124,6 +130,12 @@ func (c *Config) applyDefaults() error {
 	def(&c.AcceptBatchCalls, 1)
 	if c.InitialResultBudget <= 0 {
 		c.InitialResultBudget = 256 << 20
+	}
+	if c.SendBudget <= 0 {
+		c.SendBudget = 1 << 30
+	}
+	if c.SendClientShare <= 0 {
+		c.SendClientShare = max(c.SendBudget/4, int64(c.SendQueueBytes))
 	}
 	if c.InitialResultPerConn <= 0 {
 		c.InitialResultPerConn = 2 * maxInitialBytes

@@ -17,6 +17,12 @@ type sendQueue struct {
 	wake    chan struct{} // writer wake-up, capacity 1
 	room    chan struct{} // closed and replaced when bytes leave the queue and someone waits
 	waiting bool
+	// The shared bounds this queue counts against (sendBudget.join; nil in unit tests), until
+	// released at teardown, after which nothing it holds or writes is counted.
+	budget    *sendBudget
+	client    *clientQueued
+	clientKey string
+	released  bool
 }
 
 func newSendQueue(limit int) *sendQueue {
@@ -30,23 +36,57 @@ func (q *sendQueue) signal() {
 	}
 }
 
+// grow and shrink change size and, while the queue counts against a sendBudget, the shared
+// counts with it (under q.mu).
+func (q *sendQueue) grow(n int) {
+	if q.released {
+		return // a write finishing after teardown: nothing is counted any more
+	}
+	q.size += n
+	if q.budget != nil {
+		q.budget.add(q.client, n)
+	}
+}
+
+func (q *sendQueue) shrink(n int) { q.grow(-n) }
+
 // push enqueues msg unless that would exceed the bound; false means overflow (or closed). An
 // empty queue always takes one message, as in pushHalf: the bound is on what a reader leaves
 // behind, and one that has taken everything is not behind. An outgoing message can be larger than
 // the bound even when the bound is at least the incoming frame limit (Config validation): the
 // relay writes U+2028 and U+2029 as 6-byte escapes that a client may send as 3 raw bytes, and
 // jsonb's tag text adds spaces; refusing it would close every subscriber of one published event.
-func (q *sendQueue) push(msg []byte) bool {
-	q.mu.Lock()
-	if q.closed || (q.size > 0 && q.size+len(msg) > q.limit) {
-		q.mu.Unlock()
-		return false
+func (q *sendQueue) push(msg []byte) bool { return q.offer(msg) == "" }
+
+// offer is push (one message) or pushAll (several) that says what refused them: "" (taken),
+// "closed", "queue" (this queue's bound), "client" (its client's share of the sendBudget) or
+// "budget" (the process's).
+func (q *sendQueue) offer(msgs ...[]byte) string {
+	largest, total := 0, 0
+	for _, m := range msgs {
+		largest = max(largest, len(m))
+		total += len(m)
 	}
-	q.items = append(q.items, msg)
-	q.size += len(msg)
+	q.mu.Lock()
+	why := ""
+	switch {
+	case q.closed:
+		why = "closed"
+	case q.size == 0: // an empty queue takes them, whatever the bounds
+	case q.size+largest > q.limit:
+		why = "queue"
+	case q.budget != nil:
+		why = q.budget.refuses(q.client, largest)
+	}
+	if why != "" {
+		q.mu.Unlock()
+		return why
+	}
+	q.items = append(q.items, msgs...)
+	q.grow(total)
 	q.mu.Unlock()
 	q.signal()
-	return true
+	return ""
 }
 
 // pushAll enqueues msgs, the copies of one event for several subscriptions of this connection
@@ -58,23 +98,7 @@ func (q *sendQueue) push(msg []byte) bool {
 // to the limit plus one copy per subscription of the connection (MaxSubscriptions) of one
 // maximal event, not more, since a unit is only admitted while one copy still fits. A reader that
 // is really behind stays there: the next event finds the queue over its limit and is refused.
-func (q *sendQueue) pushAll(msgs [][]byte) bool {
-	largest, total := 0, 0
-	for _, m := range msgs {
-		largest = max(largest, len(m))
-		total += len(m)
-	}
-	q.mu.Lock()
-	if q.closed || (q.size > 0 && q.size+largest > q.limit) {
-		q.mu.Unlock()
-		return false
-	}
-	q.items = append(q.items, msgs...)
-	q.size += total
-	q.mu.Unlock()
-	q.signal()
-	return true
-}
+func (q *sendQueue) pushAll(msgs [][]byte) bool { return q.offer(msgs...) == "" }
 
 // pushHalf enqueues msg if the queue is at most half full after it (an empty queue always takes
 // one message) and never waits. When there is no room it returns a channel that is closed once
@@ -87,7 +111,7 @@ func (q *sendQueue) pushHalf(msg []byte) (ok bool, room <-chan struct{}, done bo
 	}
 	if q.size == 0 || q.size+len(msg) <= q.limit/2 {
 		q.items = append(q.items, msg)
-		q.size += len(msg)
+		q.grow(len(msg))
 		q.signal()
 		return true, nil, false
 	}
@@ -120,7 +144,7 @@ func (q *sendQueue) take(max int) [][]byte {
 // written releases n bytes after they reached the socket.
 func (q *sendQueue) written(n int) {
 	q.mu.Lock()
-	q.size -= n
+	q.shrink(n)
 	if q.waiting {
 		q.waiting = false
 		close(q.room)
@@ -139,12 +163,12 @@ func (q *sendQueue) closeWith(last []byte) bool {
 	}
 	q.closed = true
 	for _, it := range q.items {
-		q.size -= len(it)
+		q.shrink(len(it))
 	}
 	q.items = nil
 	if last != nil {
 		q.items = append(q.items, last)
-		q.size += len(last)
+		q.grow(len(last))
 	}
 	close(q.room) // wake pushHalf waiters so they see closed
 	q.room = make(chan struct{})
@@ -163,4 +187,25 @@ func (q *sendQueue) empty() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return len(q.items) == 0
+}
+
+// release ends the queue for good at teardown: it refuses everything from now on and gives what
+// it still counts back to its sendBudget, bytes taken by a write that failed included.
+func (q *sendQueue) release() {
+	q.mu.Lock()
+	if q.released {
+		q.mu.Unlock()
+		return
+	}
+	q.closed = true
+	q.items = nil
+	q.shrink(q.size)
+	q.released = true
+	b, cq, key := q.budget, q.client, q.clientKey
+	close(q.room)
+	q.room = make(chan struct{})
+	q.mu.Unlock()
+	if b != nil {
+		b.leave(key, cq)
+	}
 }

@@ -44,6 +44,7 @@ type Server struct {
 	recent        recentStored
 	ephemeral     recentEphemeral // ephemeral ids accepted lately, answered duplicate: when sent again
 	ipInitial     *ipBytes        // the same per client IP (InitialResultPerIP)
+	sends         *sendBudget     // bytes in send queues, across connections and per client IP
 	ipQueries     *ipQueries      // REQ/COUNT queries (and gate lookups) in flight per client IP
 	acceptErrLog  logx.Sampler
 
@@ -131,6 +132,8 @@ func New(cfg Config, acceptPool, queryPool *pgxpool.Pool) (*Server, error) {
 	}
 	s.initial.limit = cfg.InitialResultBudget
 	s.ipInitial = newIPBytes(cfg.InitialResultPerIP)
+	s.sends = newSendBudget(cfg.SendBudget, cfg.SendClientShare)
+	metrics.SetSendQueued(s.sends.total.Load)
 	if cfg.MaxQueriesPerIP <= 0 {
 		cfg.MaxQueriesPerIP = max(1, int(queryPool.Config().MaxConns)/2)
 		s.cfg.MaxQueriesPerIP = cfg.MaxQueriesPerIP
@@ -197,6 +200,7 @@ func (s *Server) serveConn(ws *websocket.Conn, r *http.Request, ip, key string) 
 		s.mu.Unlock()
 		_ = ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseGoingAway, "relay shutting down"), timeNow().Add(writeWait))
 		_ = ws.Close()
+		c.q.release()
 		s.unadmit(key)
 		return
 	}

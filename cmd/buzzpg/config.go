@@ -57,6 +57,8 @@ type serveConfig struct {
 	TrustedProxies   []netip.Prefix
 	ResultBudgetMB   int // initial REQ results held in memory until sent, across connections
 	ResultIPShareMB  int // of which one client IP's connections may hold together; 0: half the budget
+	SendBudgetMB     int // bytes waiting in send queues across connections
+	SendIPShareMB    int // of which one client IP's connections may hold together; 0: a quarter
 }
 
 func envStr(name, def string) string {
@@ -154,6 +156,8 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	fs.StringVar(&c.DebugListen, "debug-listen", envStr("BUZZ_DEBUG_LISTEN", ""), "address for Go's /debug/pprof profiles, off when empty; keep it private (BUZZ_DEBUG_LISTEN)")
 	fs.DurationVar(&c.DBWait, "db-wait", envDur("BUZZ_DB_WAIT", 30*time.Second), "how long to wait for PostgreSQL at start, e.g. while it restarts (BUZZ_DB_WAIT)")
 	fs.IntVar(&c.ResultIPShareMB, "result-ip-share-mb", envInt("BUZZ_RESULT_IP_SHARE_MB", 0), "MiB of that budget one client IP's connections may hold together; 0 = half the budget (BUZZ_RESULT_IP_SHARE_MB)")
+	fs.IntVar(&c.SendBudgetMB, "send-budget-mb", envInt("BUZZ_SEND_BUDGET_MB", 1024), "MiB waiting in send queues across connections; past it a connection with a backlog is closed as a slow client (BUZZ_SEND_BUDGET_MB)")
+	fs.IntVar(&c.SendIPShareMB, "send-ip-share-mb", envInt("BUZZ_SEND_IP_SHARE_MB", 0), "MiB of that budget one client IP's connections may hold together; 0 = a quarter of the budget (BUZZ_SEND_IP_SHARE_MB)")
 	fs.IntVar(&c.ResultBudgetMB, "result-budget-mb", envInt("BUZZ_RESULT_BUDGET_MB", 256), "MiB of REQ initial results held in memory until sent, across connections; answers beyond it are cut short (BUZZ_RESULT_BUDGET_MB)")
 	proxies := fs.String("trusted-proxies", envStr("BUZZ_TRUSTED_PROXIES", ""), "load balancers (IPs or CIDRs, comma-separated) whose X-Forwarded-For names the client IP for per-IP caps and rates (BUZZ_TRUSTED_PROXIES)")
 	if err := fs.Parse(args); err != nil {
@@ -297,13 +301,16 @@ func (c *serveConfig) checkRanges() error {
 		}
 	}
 	for name, v := range map[string]int{"BUZZ_EVENT_BURST": c.EventBurst, "BUZZ_REQ_BURST": c.ReqBurst,
-		"BUZZ_REMINDER_BATCH": c.ReminderBatch, "BUZZ_RESULT_BUDGET_MB": c.ResultBudgetMB} {
+		"BUZZ_REMINDER_BATCH": c.ReminderBatch, "BUZZ_RESULT_BUDGET_MB": c.ResultBudgetMB, "BUZZ_SEND_BUDGET_MB": c.SendBudgetMB} {
 		if v < 1 {
 			bad = append(bad, fmt.Sprintf("%s=%d must be at least 1", name, v))
 		}
 	}
 	if c.ResultIPShareMB < 0 {
 		bad = append(bad, fmt.Sprintf("BUZZ_RESULT_IP_SHARE_MB=%d must be 0 (half the budget) or more", c.ResultIPShareMB))
+	}
+	if c.SendIPShareMB < 0 {
+		bad = append(bad, fmt.Sprintf("BUZZ_SEND_IP_SHARE_MB=%d must be 0 (a quarter of the budget) or more", c.SendIPShareMB))
 	}
 	switch strings.ToLower(c.LogLevel) {
 	case "debug", "info", "warn", "error":

@@ -235,6 +235,8 @@ func serve(cfg serveConfig, log *slog.Logger) (err error) {
 			TrustedProxies:      cfg.TrustedProxies,
 			InitialResultBudget: int64(cfg.ResultBudgetMB) << 20,
 			InitialResultPerIP:  int64(cfg.ResultIPShareMB) << 20,
+			SendBudget:          int64(cfg.SendBudgetMB) << 20,
+			SendClientShare:     int64(cfg.SendIPShareMB) << 20,
 			AcceptBatch:         cfg.AcceptBatch,
 			AcceptBatchCalls:    cfg.AcceptBatchCalls,
 			Logger:              log,

@@ -3,6 +3,7 @@
 package metrics
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,8 +41,19 @@ var (
 		Name: "buzz_subscriptions", Help: "Live subscriptions across connections.",
 	})
 	SlowClientsClosed = promauto.NewCounterVec(prometheus.CounterOpts{
-		Name: "buzz_slow_clients_closed_total", Help: "Connections closed for not reading: their send queue overflowed (overflow), or a write to them timed out (write_timeout).",
+		Name: "buzz_slow_clients_closed_total", Help: "Connections closed for not reading: their send queue overflowed (overflow), their client's queues together passed its share of the send budget (client_share), every queue together passed the budget (send_budget), or a write to them timed out (write_timeout).",
 	}, []string{"reason"})
+	// SendQueuedBytes is what waits in the connections' send queues (live events, replies and
+	// initial results not yet written to a socket): what the send budget bounds. Read from the
+	// relay's own count when scraped (SetSendQueued), not kept up to date on every push.
+	SendQueuedBytes = promauto.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "buzz_send_queued_bytes", Help: "Bytes waiting in send queues across connections (bounded by BUZZ_SEND_BUDGET_MB).",
+	}, func() float64 {
+		if f := sendQueued.Load(); f != nil {
+			return float64((*f)())
+		}
+		return 0
+	})
 	RateLimited = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "buzz_rate_limited_total", Help: "Messages answered rate-limited:, by verb.",
 	}, []string{"verb"})
@@ -131,7 +143,7 @@ func init() {
 	for _, v := range []string{"query", "connection", "ip", "budget"} {
 		InitialTruncated.WithLabelValues(v)
 	}
-	for _, v := range []string{"overflow", "write_timeout"} {
+	for _, v := range []string{"overflow", "client_share", "send_budget", "write_timeout"} {
 		SlowClientsClosed.WithLabelValues(v)
 	}
 }
@@ -150,3 +162,9 @@ func RegisterFanout(ready func() bool, lag func() time.Duration) {
 		Name: "buzz_fanout_lag_seconds", Help: "Now minus the commit time of the last transaction handed to connections.",
 	}, func() float64 { return lag().Seconds() })
 }
+
+var sendQueued atomic.Pointer[func() int64]
+
+// SetSendQueued names what buzz_send_queued_bytes reports: the relay's count of queued bytes (the
+// last relay set up in this process, which in production is the only one).
+func SetSendQueued(f func() int64) { sendQueued.Store(&f) }

@@ -1,0 +1,223 @@
+package relay
+
+import (
+	"encoding/json"
+	"net"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"github.com/nbd-wtf/go-nostr"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/buzzpg/buzzpg/internal/metrics"
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+// dialFrom connects from localIP (a loopback address: a client of its own for the per-IP bounds)
+// and returns the client, past the AUTH challenge, with the relay's side of its connection. A slow
+// one gets small socket buffers on both sides, so what it does not read piles up in its send queue
+// instead of in the kernel.
+func (tr *testRelay) dialFrom(t *testing.T, localIP string, slow bool) (*client, *conn) {
+	t.Helper()
+	d := websocket.Dialer{NetDialContext: (&net.Dialer{
+		LocalAddr: &net.TCPAddr{IP: net.ParseIP(localIP)},
+		Control: func(network, address string, rc syscall.RawConn) error {
+			if !slow {
+				return nil
+			}
+			var serr error
+			if err := rc.Control(func(fd uintptr) {
+				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+			}); err != nil {
+				return err
+			}
+			return serr
+		}}).DialContext}
+	ws, _, err := d.Dial(tr.url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ws.Close() })
+	c := &client{t: t, ws: ws}
+	c.expect("AUTH") // the relay registered the connection before it sent this
+	var newest *conn
+	for _, sc := range tr.s.snapshotConns() {
+		if newest == nil || sc.id > newest.id {
+			newest = sc
+		}
+	}
+	if slow {
+		if err := newest.ws.NetConn().(*net.TCPConn).SetWriteBuffer(4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c, newest
+}
+
+// waitDrained waits until everything queued for sc was written to its socket: the fast readers'
+// queues are then empty at the next push, as a reader that keeps up leaves them.
+func waitDrained(t *testing.T, sc *conn) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		sc.q.mu.Lock()
+		size := sc.q.size
+		sc.q.mu.Unlock()
+		if size == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("queue of a reader that keeps up still holds %d bytes", size)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// budgetRun subscribes slowN readers that never read (from slowIPs, in turn) and one that reads
+// everything (from fastIP), delivers 32 KiB events until every slow one is closed, and checks that
+// the fast one got each event and that the counts go back to zero. It returns the reasons the
+// slow connections were closed with, by buzz_slow_clients_closed_total's label.
+func budgetRun(t *testing.T, tr *testRelay, slowIPs []string, slowN int, fastIP string) map[string]float64 {
+	sk, pk := testenv.NewKey()
+	filter := nostr.Filter{Authors: []string{pk}, Limit: 1}
+	var slow []*conn
+	for i := 0; i < slowN; i++ {
+		c, sc := tr.dialFrom(t, slowIPs[i%len(slowIPs)], true)
+		c.sendJSON("REQ", "s", filter)
+		c.expect("EOSE") // from here on it never reads
+		slow = append(slow, sc)
+	}
+	fast, fastConn := tr.dialFrom(t, fastIP, false)
+	fast.req("s", filter)
+
+	labels := []string{"overflow", "client_share", "send_budget"}
+	before := map[string]float64{}
+	for _, l := range labels {
+		before[l] = testutil.ToFloat64(metrics.SlowClientsClosed.WithLabelValues(l))
+	}
+	content := strings.Repeat("x", 32<<10)
+	// Deliver until every slow reader's queue is closed (overflow told it so; the connection ends
+	// once its close frame is out or its write times out, below).
+	for i := 0; slices.ContainsFunc(slow, func(sc *conn) bool { return !sc.q.isClosed() }); i++ {
+		if i == 2000 { // 64 MiB: far past every bound these tests set
+			t.Fatalf("slow readers still open after %d events", i)
+		}
+		if fastConn.q.isClosed() {
+			t.Fatalf("the reader that keeps up was closed at event %d", i)
+		}
+		ev := signed(sk, 1, content, nostr.Timestamp(int64(nostr.Now())+int64(i)))
+		tr.s.Deliver(publicDelivery(&ev))
+		m, err := fast.tryRead(30 * time.Second)
+		if err != nil {
+			t.Fatalf("fast reader at event %d: %v", i, err)
+		}
+		var got nostr.Event
+		if fast.verb(m) != "EVENT" || json.Unmarshal(m[2], &got) != nil || got.ID != ev.ID {
+			t.Fatalf("fast reader got %s at event %d, want EVENT %s", m, i, ev.ID)
+		}
+		waitDrained(t, fastConn)
+	}
+	for range slow {
+		select {
+		case cc := <-tr.closed:
+			if cc.c == fastConn {
+				t.Fatalf("the reader that keeps up was closed: %s", cc.reason)
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatal("a slow reader's connection did not end")
+		}
+	}
+	// Each ended connection gave its bytes back; the fast reader's queue is empty.
+	waitDrained(t, fastConn)
+	if n := tr.s.sends.total.Load(); n != 0 {
+		t.Errorf("send budget still counts %d bytes with every slow queue released", n)
+	}
+	if tr.s.ConnCount() != 1 {
+		t.Errorf("%d connections left, want the fast one", tr.s.ConnCount())
+	}
+	out := map[string]float64{}
+	for _, l := range labels {
+		out[l] = testutil.ToFloat64(metrics.SlowClientsClosed.WithLabelValues(l)) - before[l]
+	}
+	return out
+}
+
+// TestSendBudgetClientShare: one client's connections that do not read are closed once their
+// queues together pass the client's share, far below what each queue may hold on its own, while
+// a connection of the same client that keeps up gets every event.
+func TestSendBudgetClientShare(t *testing.T) {
+	tr := startRelay(t, func(c *Config) { c.SendQueueBytes = 8 << 20; c.SendClientShare = 1 << 20 })
+	got := budgetRun(t, tr, []string{"127.0.0.2"}, 4, "127.0.0.2")
+	if got["client_share"] != 4 || got["overflow"] != 0 || got["send_budget"] != 0 {
+		t.Fatalf("slow readers closed by %v, want all 4 by their client's share", got)
+	}
+}
+
+// TestSendBudgetProcessWide: readers of several clients, each far within its own queue and its
+// client's share, are closed once all queues together pass the process's budget; a reader of
+// another client that keeps up gets every event.
+func TestSendBudgetProcessWide(t *testing.T) {
+	tr := startRelay(t, func(c *Config) {
+		c.SendQueueBytes, c.SendClientShare, c.SendBudget = 8<<20, 8<<20, 1<<20
+	})
+	got := budgetRun(t, tr, []string{"127.0.0.3", "127.0.0.4"}, 4, "127.0.0.5")
+	if got["send_budget"] != 4 || got["overflow"] != 0 || got["client_share"] != 0 {
+		t.Fatalf("slow readers closed by %v, want all 4 by the process's budget", got)
+	}
+}
+
+// TestSendQueueCountsAgainstItsBudget: the counting rules of one queue in a budget.
+func TestSendQueueCountsAgainstItsBudget(t *testing.T) {
+	b := newSendBudget(100, 60)
+	q := newSendQueue(1000)
+	b.join(q, "a")
+	other := newSendQueue(1000)
+	b.join(other, "b")
+	msg := func(n int) []byte { return make([]byte, n) }
+
+	if why := q.offer(msg(80)); why != "" { // an empty queue takes it, share or not
+		t.Fatalf("empty queue refused a message: %s", why)
+	}
+	if why := q.offer(msg(1)); why != "client" {
+		t.Fatalf("a queue holding 80 of its client's 60: %q, want client", why)
+	}
+	if why := other.offer(msg(10)); why != "" {
+		t.Fatalf("empty queue of another client: %q", why)
+	}
+	if why := other.offer(msg(20)); why != "budget" { // 90 + 20 > 100, b's share is not passed
+		t.Fatalf("process at 90 of 100: %q, want budget", why)
+	}
+	if got := b.total.Load(); got != 90 {
+		t.Fatalf("total %d, want 90", got)
+	}
+	// Written bytes leave the counts; a write finishing after release is not counted again.
+	q.take(1 << 20)
+	q.written(50)
+	if got, cq := b.total.Load(), b.clients["a"].bytes.Load(); got != 40 || cq != 30 {
+		t.Fatalf("after 50 written: total %d (want 40), client a %d (want 30)", got, cq)
+	}
+	q.release()
+	q.written(30)
+	if got := b.total.Load(); got != 10 {
+		t.Fatalf("after a's release: total %d, want 10", got)
+	}
+	if _, ok := b.clients["a"]; ok {
+		t.Fatal("client a still listed with none of its queues left")
+	}
+	if why := q.offer(msg(1)); why != "closed" {
+		t.Fatalf("released queue: %q, want closed", why)
+	}
+	other.closeWith(msg(5)) // drops the 10 queued, keeps the 5 of the last message
+	if got := b.total.Load(); got != 5 {
+		t.Fatalf("after closeWith: total %d, want 5", got)
+	}
+	other.release()
+	other.release() // twice is harmless
+	if got := b.total.Load(); got != 0 || len(b.clients) != 0 {
+		t.Fatalf("all released: total %d, clients %d", got, len(b.clients))
+	}
+}
