@@ -372,7 +372,9 @@ func (c *conn) overflow(why string) {
 // send enqueues a reply to the client's own message; like live delivery it never waits: a full
 // queue means the client is not reading.
 func (c *conn) send(msg []byte) {
-	c.overflow(c.q.offer(msg))
+	if !c.q.push(msg) {
+		c.overflow("queue")
+	}
 }
 
 func (c *conn) notice(text string) { c.send(marshalArray("NOTICE", text)) }

@@ -167,5 +167,9 @@ func (c *Config) applyDefaults() error {
 		// anything else is queued (an empty queue takes one message of any size: push).
 		return errors.New("relay: SendQueueBytes must be at least MaxMessageLength")
 	}
+	if c.SendBudget < int64(c.SendQueueBytes) || c.SendClientShare > c.SendBudget {
+		// A budget below one queue's bound would close readers whose own queue is within it.
+		return errors.New("relay: SendBudget must be at least SendQueueBytes, and SendClientShare at most SendBudget")
+	}
 	return nil
 }

@@ -12,14 +12,14 @@ import (
 // connections that all subscribe to everything and never read 4 GiB, fed by its own rate-limited
 // EVENTs: memory, and so every other client, would be the slow readers' to decide.
 //
-// The shared bounds follow the rule of the queue's own: a queue that holds nothing always takes
-// a message (its reader is not behind), a queue that holds something is refused when the message
-// would take its client, or the process, past the bound, and the live push that is refused closes
-// the connection as a slow client (conn.overflow). A reader that keeps up keeps its queue empty
-// between writes and is not closed by someone else's backlog. Concurrent pushes each check the
-// counts before adding to them, so the bounds can be passed by what pushes in flight at once add.
-// Initial REQ results are counted too (they are bytes in the same queues) but not refused here:
-// the initial-result budget admits them (InitialResultBudget), and they fill a queue only to half.
+// The shared bounds apply to queues that hold a backlog (more than sharedFloor: a reader that keeps
+// up holds less, a batch in flight and a burst behind it): such a queue's live push that would
+// take its client, or the process, past the bound is refused, and the connection closed as a slow
+// client (conn.overflow). Initial REQ results that would pass a bound wait for room in their queue
+// instead (pushHalf), as they wait for its half. Replies to a client's own messages (push) are held
+// to the queue's own bound only. What the budget bounds is then the backlogs: every queue may
+// still hold up to sharedFloor, or one message when empty, beyond it, and concurrent pushes each
+// check the counts before adding to them, so the bounds can be passed by what they add at once.
 type sendBudget struct {
 	limit, perClient int64
 	total            atomic.Int64
@@ -33,6 +33,9 @@ type clientQueued struct {
 	bytes atomic.Int64
 	refs  int // the client's queues that joined and have not left (under sendBudget.mu)
 }
+
+// sharedFloor is what a queue may hold without being judged by the shared bounds (overShared).
+const sharedFloor = 64 << 10
 
 func newSendBudget(limit, perClient int64) *sendBudget {
 	return &sendBudget{limit: limit, perClient: perClient, clients: map[string]*clientQueued{}}
@@ -67,7 +70,8 @@ func (b *sendBudget) add(cq *clientQueued, n int) {
 	cq.bytes.Add(int64(n))
 }
 
-// refuses says which shared bound n more bytes of cq's client would pass: "client", "budget" or "".
+// refuses says which shared bound n more bytes of cq's client would pass: "client", "budget" or ""
+// (sendQueue.overShared asks it for queues with a backlog).
 func (b *sendBudget) refuses(cq *clientQueued, n int) string {
 	switch {
 	case cq.bytes.Load()+int64(n) > b.perClient:

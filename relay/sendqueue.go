@@ -50,18 +50,36 @@ func (q *sendQueue) grow(n int) {
 
 func (q *sendQueue) shrink(n int) { q.grow(-n) }
 
+// overShared says which shared bound n more bytes would pass ("client", "budget"; "" for none)
+// when this queue holds a backlog: more than sharedFloor, which a reader that keeps up can hold
+// for a moment (a batch being written is counted until written, and a burst of events waits
+// behind it). So a connection is refused for the shared bounds only for a backlog of its own,
+// and each queue may add up to sharedFloor beyond them (under q.mu).
+func (q *sendQueue) overShared(n int) string {
+	if q.budget == nil || q.size <= sharedFloor {
+		return ""
+	}
+	return q.budget.refuses(q.client, n)
+}
+
 // push enqueues msg unless that would exceed the bound; false means overflow (or closed). An
 // empty queue always takes one message, as in pushHalf: the bound is on what a reader leaves
 // behind, and one that has taken everything is not behind. An outgoing message can be larger than
 // the bound even when the bound is at least the incoming frame limit (Config validation): the
 // relay writes U+2028 and U+2029 as 6-byte escapes that a client may send as 3 raw bytes, and
 // jsonb's tag text adds spaces; refusing it would close every subscriber of one published event.
-func (q *sendQueue) push(msg []byte) bool { return q.offer(msg) == "" }
+//
+// push is for replies to the client's own messages (OK, CLOSED, NOTICE, COUNT): small, rate-limited
+// with the messages they answer, and only this queue's bound applies to them, so a client that
+// reads keeps getting its answers while others' backlogs hold the shared budget (sendBudget).
+func (q *sendQueue) push(msg []byte) bool { return q.put(false, [][]byte{msg}) == "" }
 
-// offer is push (one message) or pushAll (several) that says what refused them: "" (taken),
-// "closed", "queue" (this queue's bound), "client" (its client's share of the sendBudget) or
-// "budget" (the process's).
-func (q *sendQueue) offer(msgs ...[]byte) string {
+// offer enqueues live messages (one event's copies, pushAll) under this queue's bound and the
+// shared ones, and says what refused them: "" (taken), "closed", "queue" (this queue's bound),
+// "client" (its client's share of the sendBudget) or "budget" (the process's).
+func (q *sendQueue) offer(msgs ...[]byte) string { return q.put(true, msgs) }
+
+func (q *sendQueue) put(shared bool, msgs [][]byte) string {
 	largest, total := 0, 0
 	for _, m := range msgs {
 		largest = max(largest, len(m))
@@ -75,8 +93,8 @@ func (q *sendQueue) offer(msgs ...[]byte) string {
 	case q.size == 0: // an empty queue takes them, whatever the bounds
 	case q.size+largest > q.limit:
 		why = "queue"
-	case q.budget != nil:
-		why = q.budget.refuses(q.client, largest)
+	case shared:
+		why = q.overShared(largest)
 	}
 	if why != "" {
 		q.mu.Unlock()
@@ -109,7 +127,7 @@ func (q *sendQueue) pushHalf(msg []byte) (ok bool, room <-chan struct{}, done bo
 	if q.closed {
 		return false, nil, true
 	}
-	if q.size == 0 || q.size+len(msg) <= q.limit/2 {
+	if q.size == 0 || (q.size+len(msg) <= q.limit/2 && q.overShared(len(msg)) == "") {
 		q.items = append(q.items, msg)
 		q.grow(len(msg))
 		q.signal()

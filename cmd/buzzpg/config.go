@@ -248,6 +248,10 @@ const minSlotStaleAfter = 3 * time.Second
 // re-reads after a reminder confirm whose outcome is unknown).
 const maxLease = time.Hour
 
+// minSendBudgetMB is one connection's send queue (the relay's default SendQueueBytes): a budget
+// below it would close readers whose own queue is within its bound.
+const minSendBudgetMB = 4
+
 // maxFutureSeconds bounds BUZZ_MAX_FUTURE_SECONDS (ten years).
 const maxFutureSeconds = 10 * 365 * 24 * 3600
 
@@ -309,8 +313,11 @@ func (c *serveConfig) checkRanges() error {
 	if c.ResultIPShareMB < 0 {
 		bad = append(bad, fmt.Sprintf("BUZZ_RESULT_IP_SHARE_MB=%d must be 0 (half the budget) or more", c.ResultIPShareMB))
 	}
-	if c.SendIPShareMB < 0 {
-		bad = append(bad, fmt.Sprintf("BUZZ_SEND_IP_SHARE_MB=%d must be 0 (a quarter of the budget) or more", c.SendIPShareMB))
+	if c.SendIPShareMB < 0 || c.SendIPShareMB > c.SendBudgetMB {
+		bad = append(bad, fmt.Sprintf("BUZZ_SEND_IP_SHARE_MB=%d must be 0 (a quarter of the budget) or up to BUZZ_SEND_BUDGET_MB (%d)", c.SendIPShareMB, c.SendBudgetMB))
+	}
+	if c.SendBudgetMB < minSendBudgetMB {
+		bad = append(bad, fmt.Sprintf("BUZZ_SEND_BUDGET_MB=%d must be at least %d, one connection's send queue", c.SendBudgetMB, minSendBudgetMB))
 	}
 	switch strings.ToLower(c.LogLevel) {
 	case "debug", "info", "warn", "error":
