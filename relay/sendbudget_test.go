@@ -5,7 +5,6 @@ import (
 	"net"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -23,20 +22,11 @@ import (
 // instead of in the kernel.
 func (tr *testRelay) dialFrom(t *testing.T, localIP string, slow bool) (*client, *conn) {
 	t.Helper()
-	d := websocket.Dialer{NetDialContext: (&net.Dialer{
-		LocalAddr: &net.TCPAddr{IP: net.ParseIP(localIP)},
-		Control: func(network, address string, rc syscall.RawConn) error {
-			if !slow {
-				return nil
-			}
-			var serr error
-			if err := rc.Control(func(fd uintptr) {
-				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
-			}); err != nil {
-				return err
-			}
-			return serr
-		}}).DialContext}
+	nd := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(localIP)}}
+	if slow {
+		nd.Control = smallReceiveBuffer
+	}
+	d := websocket.Dialer{NetDialContext: nd.DialContext}
 	ws, _, err := d.Dial(tr.url, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -18,22 +18,22 @@ import (
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
+// smallReceiveBuffer is a net.Dialer Control that gives the socket a 4 KiB receive buffer.
+func smallReceiveBuffer(network, address string, rc syscall.RawConn) error {
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+	}); err != nil {
+		return err
+	}
+	return serr
+}
+
 // dialSmallBuffer dials with a tiny socket receive buffer, so a client that stops reading makes
 // the server's socket fill quickly (the kernel would otherwise buffer megabytes).
 func (tr *testRelay) dialSmallBuffer(t *testing.T) *websocket.Conn {
 	t.Helper()
-	d := websocket.Dialer{
-		NetDialContext: (&net.Dialer{Control: func(network, address string, rc syscall.RawConn) error {
-			var serr error
-			err := rc.Control(func(fd uintptr) {
-				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
-			})
-			if err != nil {
-				return err
-			}
-			return serr
-		}}).DialContext,
-	}
+	d := websocket.Dialer{NetDialContext: (&net.Dialer{Control: smallReceiveBuffer}).DialContext}
 	ws, _, err := d.Dial(tr.url, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
@@ -22,32 +21,14 @@ func dialIdle(relays []string, n int, logf func(string, ...any)) ([]*Client, err
 		return nil, nil
 	}
 	logf("idle: %d connections (authenticated, snapshots + a 50-author feed each)", n)
-	cs := make([]*Client, n)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var first error
-	sem := make(chan struct{}, 32) // connection setup only: not part of any measurement
-	for i := 0; i < n; i++ {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func(i int) {
-			defer wg.Done()
-			defer func() { <-sem }()
-			c, err := idleConn(relays[i%len(relays)], fmt.Sprintf("127.0.1.%d", 1+i/idlePerIP))
-			mu.Lock()
-			defer mu.Unlock()
-			cs[i] = c
-			if err != nil && first == nil {
-				first = fmt.Errorf("idle connection %d: %w", i, err)
-			}
-		}(i)
-	}
-	wg.Wait()
-	if first != nil {
-		closeAll(cs)
-		return nil, first
-	}
-	return cs, nil
+	// Connection setup only, not part of any measurement: 32 at a time.
+	return dialEach(n, 32, func(i int) (*Client, error) {
+		c, err := idleConn(relays[i%len(relays)], fmt.Sprintf("127.0.1.%d", 1+i/idlePerIP))
+		if err != nil {
+			err = fmt.Errorf("idle connection %d: %w", i, err)
+		}
+		return c, err
+	})
 }
 
 func idleConn(relay, localIP string) (*Client, error) {

@@ -143,30 +143,45 @@ func runWorkers(perWorker []int, rate float64, dur time.Duration, do job) Row {
 // dialAll opens n connections round-robin over the relays, authenticating connection i as
 // auth(i) when auth is non-nil.
 func dialAll(relays []string, n int, auth func(i int) string, h func(i int) Handlers) ([]*Client, error) {
+	return dialEach(n, n, func(i int) (*Client, error) {
+		var hh Handlers
+		if h != nil {
+			hh = h(i)
+		}
+		c, err := Dial(relays[i%len(relays)], hh, 10*time.Second)
+		if err == nil && auth != nil {
+			if sk := auth(i); sk != "" {
+				err = c.Auth(sk, 10*time.Second, nil)
+			}
+		}
+		if err != nil {
+			err = fmt.Errorf("connect %s: %w", relays[i%len(relays)], err)
+		}
+		return c, err
+	})
+}
+
+// dialEach sets up connections 0..n-1 with dial, at most parallel at once; on any error it closes
+// every one and returns the first error.
+func dialEach(n, parallel int, dial func(i int) (*Client, error)) ([]*Client, error) {
 	cs := make([]*Client, n)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var first error
+	sem := make(chan struct{}, max(1, parallel))
 	for i := 0; i < n; i++ {
 		wg.Add(1)
+		sem <- struct{}{}
 		go func(i int) {
 			defer wg.Done()
-			var hh Handlers
-			if h != nil {
-				hh = h(i)
-			}
-			c, err := Dial(relays[i%len(relays)], hh, 10*time.Second)
-			if err == nil && auth != nil {
-				if sk := auth(i); sk != "" {
-					err = c.Auth(sk, 10*time.Second, nil)
-				}
-			}
+			defer func() { <-sem }()
+			c, err := dial(i)
 			mu.Lock()
 			defer mu.Unlock()
-			if err != nil && first == nil {
-				first = fmt.Errorf("connect %s: %w", relays[i%len(relays)], err)
-			}
 			cs[i] = c
+			if err != nil && first == nil {
+				first = err
+			}
 		}(i)
 	}
 	wg.Wait()
