@@ -98,3 +98,34 @@ func (b *ipBytes) release(ip string, n int64) {
 		delete(b.held, ip)
 	}
 }
+
+// ipSlots bounds how many of something (live subscriptions) one client (limitKey) holds across
+// its connections. Each connection bounds its own subscriptions (MaxSubscriptions), but a client
+// may open MaxConnsPerIP connections, and every subscription keeps a de-duplication window of up
+// to 1,024 ids (about 51 KiB once full, which events the client publishes itself can fill): 32,000
+// of them from one address would be 1.6 GiB.
+type ipSlots struct {
+	mu    sync.Mutex
+	limit int
+	held  map[string]int
+}
+
+func newIPSlots(limit int) *ipSlots { return &ipSlots{limit: limit, held: map[string]int{}} }
+
+func (s *ipSlots) take(ip string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held[ip] >= s.limit {
+		return false
+	}
+	s.held[ip]++
+	return true
+}
+
+func (s *ipSlots) give(ip string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held[ip]--; s.held[ip] <= 0 {
+		delete(s.held, ip)
+	}
+}

@@ -14,14 +14,17 @@ type Config struct {
 	RelaySecretKey   string // hex; its pubkey goes into NIP-11
 	Name             string
 	Description      string
-	MaxMessageLength int   // websocket read limit in bytes; default 131072
-	MaxSubscriptions int   // per connection, default 32
-	MaxFilters       int   // per REQ/COUNT, default 16
-	MaxLimit         int   // default 5000
-	DefaultLimit     int   // default 500
-	MaxEventTags     int   // default 2000
-	MaxContentLength int   // unicode characters (NIP-11), default 65536
-	MaxFutureSeconds int64 // created_at upper bound relative to now, default 900
+	MaxMessageLength int // websocket read limit in bytes; default 131072
+	MaxSubscriptions int // per connection, default 32
+	// MaxSubscriptionsPerIP bounds live subscriptions per client IP across its connections,
+	// default 4096 (ipSlots): an office behind one address, not 1,000 connections' 32 each.
+	MaxSubscriptionsPerIP int
+	MaxFilters            int   // per REQ/COUNT, default 16
+	MaxLimit              int   // default 5000
+	DefaultLimit          int   // default 500
+	MaxEventTags          int   // default 2000
+	MaxContentLength      int   // unicode characters (NIP-11), default 65536
+	MaxFutureSeconds      int64 // created_at upper bound relative to now, default 900
 	// SendQueueBytes bounds a connection's send queue, default 4 MiB. The copies of one event for
 	// several subscriptions go in as one unit (pushAll), so the queue may pass it by up to
 	// MaxSubscriptions copies of one event (about twice MaxMessageLength each, as written).
@@ -117,6 +120,7 @@ func (c *Config) applyDefaults() error {
 	}
 	def(&c.MaxMessageLength, 131072)
 	def(&c.MaxSubscriptions, 32)
+	def(&c.MaxSubscriptionsPerIP, 4096)
 	def(&c.MaxFilters, 16)
 	def(&c.MaxLimit, 5000)
 	def(&c.DefaultLimit, 500)

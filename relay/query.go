@@ -56,6 +56,15 @@ func (c *conn) handleReq(subID string, filters []nostr.Filter) {
 		c.sendClosed(subID, fmt.Sprintf("restricted: too many filter values across this connection's subscriptions (max %d); close some first", maxConnFilterValues))
 		return
 	}
+	if !c.s.ipSubs.take(c.ip) {
+		c.mu.Unlock()
+		sub.close()
+		c.sendClosed(subID, fmt.Sprintf("restricted: too many subscriptions from your address across its connections (max %d); close some first", c.s.cfg.MaxSubscriptionsPerIP))
+		return
+	}
+	sub.mu.Lock()
+	sub.slot, sub.slotKey = c.s.ipSubs, c.ip // given back by sub.close, however it ends
+	sub.mu.Unlock()
 	c.subs[subID] = sub
 	// Counted from here on: a Deliver that looked for candidates before this line skips this
 	// connection. A stored event it carried is in the recent window by then (Deliver adds it

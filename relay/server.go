@@ -45,6 +45,7 @@ type Server struct {
 	ephemeral     recentEphemeral // ephemeral ids accepted lately, answered duplicate: when sent again
 	ipInitial     *ipBytes        // the same per client IP (InitialResultPerIP)
 	sends         *sendBudget     // bytes in send queues, across connections and per client IP
+	ipSubs        *ipSlots        // live subscriptions per client IP (MaxSubscriptionsPerIP)
 	ipQueries     *ipQueries      // REQ/COUNT queries (and gate lookups) in flight per client IP
 	acceptErrLog  logx.Sampler
 
@@ -133,6 +134,7 @@ func New(cfg Config, acceptPool, queryPool *pgxpool.Pool) (*Server, error) {
 	s.initial.limit = cfg.InitialResultBudget
 	s.ipInitial = newIPBytes(cfg.InitialResultPerIP)
 	s.sends = newSendBudget(cfg.SendBudget, cfg.SendClientShare)
+	s.ipSubs = newIPSlots(cfg.MaxSubscriptionsPerIP)
 	metrics.SetSendQueued(s.sends.total.Load)
 	if cfg.MaxQueriesPerIP <= 0 {
 		cfg.MaxQueriesPerIP = max(1, int(queryPool.Config().MaxConns)/2)

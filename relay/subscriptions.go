@@ -42,6 +42,10 @@ type subscription struct {
 	// connection (interest.watch); nil once closed.
 	counted    *interest
 	countedFor *conn
+	// slot is the client's subscription count this one holds a place in (handleReq), given back
+	// at close; nil before and after.
+	slot    *ipSlots
+	slotKey string
 }
 
 // answered reports whether the initial query's snapshot saw d's transaction: the query answered
@@ -132,9 +136,14 @@ func (s *subscription) close() {
 	s.closed = true
 	counted, c := s.counted, s.countedFor
 	s.counted, s.countedFor = nil, nil
+	slot, key := s.slot, s.slotKey
+	s.slot = nil
 	s.mu.Unlock()
 	if counted != nil {
 		counted.change(c, s, -1)
+	}
+	if slot != nil {
+		slot.give(key)
 	}
 	s.cancel()
 	if !was {

@@ -49,6 +49,7 @@ type serveConfig struct {
 	IPReqRate        float64
 	MaxConns         int // open WebSocket connections per process
 	IPMaxConns       int // of them from one client IP
+	IPMaxSubs        int // live subscriptions of one client IP across its connections
 	ShutdownGrace    time.Duration
 	DBWait           time.Duration
 	ReminderBatch    int
@@ -150,6 +151,7 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	fs.Float64Var(&c.IPReqRate, "ip-req-rate", envFloat("BUZZ_IP_REQ_RATE", 0), "REQ/COUNT per second per client IP, 0 = unlimited (BUZZ_IP_REQ_RATE)")
 	fs.IntVar(&c.MaxConns, "max-conns", envInt("BUZZ_MAX_CONNS", 10000), "open WebSocket connections per process; over it upgrades get 503 (BUZZ_MAX_CONNS)")
 	fs.IntVar(&c.IPMaxConns, "ip-max-conns", envInt("BUZZ_IP_MAX_CONNS", 1000), "open WebSocket connections per client IP; over it upgrades get 429 (BUZZ_IP_MAX_CONNS)")
+	fs.IntVar(&c.IPMaxSubs, "ip-max-subscriptions", envInt("BUZZ_IP_MAX_SUBSCRIPTIONS", 4096), "live subscriptions per client IP across its connections; over it a REQ is CLOSED restricted: (BUZZ_IP_MAX_SUBSCRIPTIONS)")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", envDur("BUZZ_SHUTDOWN_GRACE", 10*time.Second), "how long graceful shutdown may take (BUZZ_SHUTDOWN_GRACE)")
 	fs.IntVar(&c.ReminderBatch, "reminder-batch", envInt("BUZZ_REMINDER_BATCH", 1000), "reminders claimed and confirmed per transaction (BUZZ_REMINDER_BATCH)")
 	fs.StringVar(&c.MetricsListen, "metrics-listen", envStr("BUZZ_METRICS_LISTEN", ""), "address for /metrics and a detailed /readyz, off when empty; keep it private (BUZZ_METRICS_LISTEN)")
@@ -305,7 +307,8 @@ func (c *serveConfig) checkRanges() error {
 		}
 	}
 	for name, v := range map[string]int{"BUZZ_EVENT_BURST": c.EventBurst, "BUZZ_REQ_BURST": c.ReqBurst,
-		"BUZZ_REMINDER_BATCH": c.ReminderBatch, "BUZZ_RESULT_BUDGET_MB": c.ResultBudgetMB, "BUZZ_SEND_BUDGET_MB": c.SendBudgetMB} {
+		"BUZZ_REMINDER_BATCH": c.ReminderBatch, "BUZZ_RESULT_BUDGET_MB": c.ResultBudgetMB, "BUZZ_SEND_BUDGET_MB": c.SendBudgetMB,
+		"BUZZ_IP_MAX_SUBSCRIPTIONS": c.IPMaxSubs} {
 		if v < 1 {
 			bad = append(bad, fmt.Sprintf("%s=%d must be at least 1", name, v))
 		}

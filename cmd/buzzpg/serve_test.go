@@ -72,6 +72,7 @@ func TestServeEnvironmentIsParsedStrictly(t *testing.T) {
 		{"BUZZ_RESULT_BUDGET_MB", "0"},
 		{"BUZZ_RESULT_IP_SHARE_MB", "-1"},
 		{"BUZZ_SEND_BUDGET_MB", "0"},
+		{"BUZZ_IP_MAX_SUBSCRIPTIONS", "0"},
 		{"BUZZ_SEND_BUDGET_MB", "3"},
 		{"BUZZ_SEND_IP_SHARE_MB", "-1"},
 		{"BUZZ_SEND_IP_SHARE_MB", "2048"}, // more than the 1024 MiB budget
