@@ -180,6 +180,7 @@ func logSlotBlockers(pool *pgxpool.Pool, slot string, attempt time.Time, timeout
 // dropSlot drops slot, waiting (until ctx ends) for its walsender to let go of it: after we close
 // the replication connection the server needs a moment to notice.
 func dropSlot(ctx context.Context, pool *pgxpool.Pool, slot string) error {
+	inUse := false
 	for {
 		_, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
 		                           WHERE slot_name = $1 AND database = current_database()`, slot)
@@ -187,9 +188,15 @@ func dropSlot(ctx context.Context, pool *pgxpool.Pool, slot string) error {
 		if err == nil || (errors.As(err, &pgErr) && pgErr.Code == "42704") { // undefined_object: already gone
 			return nil
 		}
+		if inUse && ctx.Err() != nil {
+			// The time ran out during a retry: what stopped the drop is still the walsender
+			// holding the slot, not the retry (whose error would only say "timeout").
+			return fmt.Errorf("dropping replication slot %s: %w (still in use)", slot, ctx.Err())
+		}
 		if !(errors.As(err, &pgErr) && pgErr.Code == "55006") { // object_in_use: still active
 			return err
 		}
+		inUse = true
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("dropping replication slot %s: %w (still in use)", slot, ctx.Err())

@@ -6,12 +6,16 @@ import (
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/buzzpg/buzzpg/internal/metrics"
 )
 
 // TestSubscriptionsPerIP: one address's live subscriptions are bounded across its connections;
 // a REQ over the bound is CLOSED restricted: and changes nothing, another address is not
-// affected, a REQ replacing one of the same id takes no second place, and places come back when
-// a subscription is CLOSEd or its connection ends.
+// affected, a REQ replacing one of the same id takes no second place (at the bound too), and
+// places come back when a subscription is CLOSEd or its connection ends. Each refusal is counted
+// in buzz_subscriptions_refused_total{bound="ip"}.
 func TestSubscriptionsPerIP(t *testing.T) {
 	tr := startRelay(t, func(c *Config) { c.MaxSubscriptionsPerIP = 3 })
 	f := nostr.Filter{Kinds: []int{1}, Limit: 1}
@@ -35,6 +39,7 @@ func TestSubscriptionsPerIP(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	}
+	refusedBefore := testutil.ToFloat64(metrics.SubscriptionsRefused.WithLabelValues("ip"))
 	a, _ := tr.dialFrom(t, "127.0.0.8", false)
 	b, _ := tr.dialFrom(t, "127.0.0.8", false)
 	other, _ := tr.dialFrom(t, "127.0.0.9", false)
@@ -50,6 +55,7 @@ func TestSubscriptionsPerIP(t *testing.T) {
 		{b, "b1", false},
 		{b, "b2", true}, // the address's fourth
 		{a, "a3", true},
+		{b, "b1", false}, // replaces b1 at the bound: its own place is given back first
 		{other, "o1", false},
 		{other, "o2", false},
 		{other, "o3", false},
@@ -61,6 +67,9 @@ func TestSubscriptionsPerIP(t *testing.T) {
 	}
 	if n := held("127.0.0.8"); n != 3 {
 		t.Fatalf("127.0.0.8 holds %d places, want 3", n)
+	}
+	if n := testutil.ToFloat64(metrics.SubscriptionsRefused.WithLabelValues("ip")) - refusedBefore; n != 2 {
+		t.Fatalf("refusals counted %v, want 2", n)
 	}
 
 	a.sendJSON("CLOSE", "a1")

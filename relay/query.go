@@ -41,6 +41,7 @@ func (c *conn) handleReq(subID string, filters []nostr.Filter) {
 	if len(c.subs) >= c.s.cfg.MaxSubscriptions {
 		c.mu.Unlock()
 		sub.close()
+		metrics.SubscriptionsRefused.WithLabelValues("connection").Inc()
 		c.sendClosed(subID, fmt.Sprintf("restricted: too many subscriptions (max %d)", c.s.cfg.MaxSubscriptions))
 		return
 	}
@@ -53,12 +54,14 @@ func (c *conn) handleReq(subID string, filters []nostr.Filter) {
 	if held > maxConnFilterValues {
 		c.mu.Unlock()
 		sub.close()
+		metrics.SubscriptionsRefused.WithLabelValues("filter_values").Inc()
 		c.sendClosed(subID, fmt.Sprintf("restricted: too many filter values across this connection's subscriptions (max %d); close some first", maxConnFilterValues))
 		return
 	}
 	if !c.s.ipSubs.take(c.ip) {
 		c.mu.Unlock()
 		sub.close()
+		metrics.SubscriptionsRefused.WithLabelValues("ip").Inc()
 		c.sendClosed(subID, fmt.Sprintf("restricted: too many subscriptions from your address across its connections (max %d); close some first", c.s.cfg.MaxSubscriptionsPerIP))
 		return
 	}

@@ -137,7 +137,9 @@ func TestRelayServeEndToEnd(t *testing.T) {
 	t.Run("oversized frame closes with 1009", func(t *testing.T) {
 		c := rbDial(t, r.URL)
 		big := `["EVENT",{"content":"` + strings.Repeat("x", 200_000) + `"}]`
-		c.SendRaw([]byte(big))
+		// The write may end early: the relay closes from the frame's header, and the client's
+		// reader answers that close before the last bytes are out. The close code is the check.
+		_ = c.TrySendRaw([]byte(big))
 		var ce *websocket.CloseError
 		if err := c.WaitClosed(20 * time.Second); !errors.As(err, &ce) || ce.Code != websocket.CloseMessageTooBig {
 			t.Fatalf("want 1009, got %v", err)

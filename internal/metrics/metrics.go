@@ -43,6 +43,9 @@ var (
 	SlowClientsClosed = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "buzz_slow_clients_closed_total", Help: "Connections closed for not reading: their send queue overflowed (overflow), their client's queues together passed its share of the send budget (client_share), every queue together passed the budget (send_budget), or a write to them timed out (write_timeout).",
 	}, []string{"reason"})
+	SubscriptionsRefused = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "buzz_subscriptions_refused_total", Help: "REQs CLOSED restricted: for a bound on live subscriptions: the connection's (connection), its filter values (filter_values), or its client IP's across connections (ip).",
+	}, []string{"bound"})
 	// SendQueuedBytes is what waits in the connections' send queues (live events, replies and
 	// initial results not yet written to a socket): what the send budget bounds. Read from the
 	// relay's own count when scraped (SetSendQueued), not kept up to date on every push.
@@ -142,6 +145,9 @@ func init() {
 	}
 	for _, v := range []string{"query", "connection", "ip", "budget"} {
 		InitialTruncated.WithLabelValues(v)
+	}
+	for _, v := range []string{"connection", "filter_values", "ip"} {
+		SubscriptionsRefused.WithLabelValues(v)
 	}
 	for _, v := range []string{"overflow", "client_share", "send_budget", "write_timeout"} {
 		SlowClientsClosed.WithLabelValues(v)

@@ -24,11 +24,18 @@ func (c *Client) Send(msg ...any) {
 // SendRaw writes a text frame as given (for malformed or oversized input).
 func (c *Client) SendRaw(b []byte) {
 	c.t.Helper()
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	if err := c.conn.WriteMessage(websocket.TextMessage, b); err != nil {
+	if err := c.TrySendRaw(b); err != nil {
 		c.t.Fatalf("write to %s: %v", c.URL, err)
 	}
+}
+
+// TrySendRaw writes a text frame and returns the write's error: for a frame the relay may refuse
+// while it is still being written (an oversized one is closed with 1009 from its header), which
+// ends the write with the close instead of completing it.
+func (c *Client) TrySendRaw(b []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.conn.WriteMessage(websocket.TextMessage, b)
 }
 
 // waitFor waits until cond (called with c.mu held) holds, failing the test at the deadline or
