@@ -19,9 +19,6 @@ import (
 // every scenario reported rows, no row counted errors, and fan-out with quiet connections open
 // (--idle) delivered every event it sent. Flood is left out: its twelve phases take a minute.
 func TestLoadToolRunsItsScenarios(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts two relays and runs five scenarios (about 20 s)")
-	}
 	out := filepath.Join(t.TempDir(), "results.json")
 	const rate, idle = 200, 20
 	cmd := exec.Command(testenv.Binary(t), "bench", "ingest,dm,converge,reminders,fanout",
