@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/metrics"
@@ -23,13 +24,14 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out 
 	if sql == "" {
 		return nil, 0, nil, nil
 	}
+	var ans initialAnswer
 	defer func() {
 		if p := recover(); p != nil {
-			c.releaseInitial(held) // recoverQuery answers the client; the bytes must come back
+			c.releaseInitial(ans.held) // recoverQuery answers the client; the bytes must come back
 			panic(p)
 		}
 		if err != nil {
-			c.releaseInitial(held)
+			c.releaseInitial(ans.held)
 			out, held, snap = nil, 0, nil
 		}
 	}()
@@ -42,8 +44,23 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out 
 		return nil, 0, nil, err
 	}
 	defer release()
-	// The snapshot and the rows come from one transaction, so from one snapshot; all four
-	// statements go in one round trip.
+	if snap, err = c.readInSnapshot(ctx, pc, sql, args, &ans); err != nil {
+		return nil, 0, nil, err
+	}
+	return ans.rows, ans.held, snap, nil
+}
+
+// initialAnswer is an initial answer as it is read: its rows so far and the bytes they took from
+// the budgets (takeInitial), which queryStored gives back if the answer fails.
+type initialAnswer struct {
+	rows []storedRow
+	held int64
+}
+
+// readInSnapshot reads the rows of the query sql into ans, and the snapshot they were read in:
+// both come from one transaction, so from one snapshot, and all four statements go in one round
+// trip.
+func (c *conn) readInSnapshot(ctx context.Context, pc *pgxpool.Conn, sql string, args []any, ans *initialAnswer) (snap *pgSnapshot, err error) {
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY`)
 	b.Queue(`SELECT pg_current_snapshot()::text, pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint`)
@@ -59,22 +76,47 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out 
 		}
 	}()
 	if _, err = br.Exec(); err != nil {
-		return nil, 0, nil, err
+		return nil, err
 	}
-	var snapText string
-	var walPos int64
-	if err = br.QueryRow().Scan(&snapText, &walPos); err != nil {
-		return nil, 0, nil, err
+	if snap, err = scanSnapshot(br); err != nil {
+		return nil, err
 	}
-	if snap, err = parseSnapshot(snapText); err != nil {
-		return nil, 0, nil, err
-	}
-	snap.walPos = uint64(walPos)
 	rows, err := br.Query()
 	if err != nil {
-		return nil, 0, nil, err
+		return nil, err
 	}
 	defer rows.Close()
+	if err = c.readRows(rows, ans); err != nil {
+		return nil, err
+	}
+	rows.Close()
+	if err = rows.Err(); err != nil {
+		return nil, err
+	}
+	if _, err = br.Exec(); err != nil { // COMMIT
+		return nil, err
+	}
+	return snap, nil
+}
+
+// scanSnapshot reads the transaction's snapshot and the WAL position it was taken at.
+func scanSnapshot(br pgx.BatchResults) (*pgSnapshot, error) {
+	var snapText string
+	var walPos int64
+	if err := br.QueryRow().Scan(&snapText, &walPos); err != nil {
+		return nil, err
+	}
+	snap, err := parseSnapshot(snapText)
+	if err != nil {
+		return nil, err
+	}
+	snap.walPos = uint64(walPos)
+	return snap, nil
+}
+
+// readRows appends the query's rows to ans, one per event, until maxInitialBytes or a budget
+// (takeInitial) stops them. errBudgetSpent: not even the first row fit.
+func (c *conn) readRows(rows pgx.Rows, ans *initialAnswer) error {
 	var ev nostr.Event
 	var tags string
 	total := 0
@@ -83,7 +125,7 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out 
 		var kind int32
 		var createdAt int64
 		if err := rows.Scan(&ev.ID, &ev.PubKey, &createdAt, &kind, &tags, &ev.Content, &ev.Sig); err != nil {
-			return out, held, nil, err
+			return err
 		}
 		if ev.ID == prev {
 			continue // the same row matched by another filter: adjacent in (created_at, id) order
@@ -95,31 +137,24 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out 
 		total += len(js)
 		if total > maxInitialBytes {
 			metrics.InitialTruncated.WithLabelValues("query").Inc()
-			c.log.Debug("initial query truncated", "bytes", maxInitialBytes, "rows", len(out))
-			break
+			c.log.Debug("initial query truncated", "bytes", maxInitialBytes, "rows", len(ans.rows))
+			return nil
 		}
 		if bound := c.takeInitial(int64(len(js))); bound != "" {
 			// Every connection's answers together stay within the budget, and one connection's
 			// (one client IP's) within its share: this one gets the newest rows that fit (NIP-01
 			// lets a relay return fewer than limit), or, when not one fits, a CLOSED that says why.
 			metrics.InitialTruncated.WithLabelValues(bound).Inc()
-			c.log.Debug("initial query truncated", "bound", bound, "rows", len(out))
-			if len(out) == 0 {
-				return nil, 0, nil, errBudgetSpent
+			c.log.Debug("initial query truncated", "bound", bound, "rows", len(ans.rows))
+			if len(ans.rows) == 0 {
+				return errBudgetSpent
 			}
-			break
+			return nil
 		}
-		held += int64(len(js))
-		out = append(out, storedRow{id: ev.ID, json: js})
+		ans.held += int64(len(js))
+		ans.rows = append(ans.rows, storedRow{id: ev.ID, json: js})
 	}
-	rows.Close()
-	if err = rows.Err(); err != nil {
-		return out, held, nil, err
-	}
-	if _, err = br.Exec(); err != nil { // COMMIT
-		return out, held, nil, err
-	}
-	return out, held, snap, nil
+	return nil
 }
 
 // storedEventJSON builds an event's JSON from a row; tags come as jsonb text, already JSON.

@@ -28,45 +28,9 @@ func (c *conn) handleReq(subID string, filters []nostr.Filter) {
 	}
 
 	sub := newSubscription(c.ctx, subID, cfs)
-	c.mu.Lock()
-	if len(c.subs) >= c.s.cfg.MaxSubscriptions {
-		c.mu.Unlock()
-		sub.close()
-		metrics.SubscriptionsRefused.WithLabelValues("connection").Inc()
-		c.sendClosed(subID, fmt.Sprintf("restricted: too many subscriptions (max %d)", c.s.cfg.MaxSubscriptions))
+	if !c.register(sub) {
 		return
 	}
-	// Every live event is matched against every subscription on one goroutine: the values a
-	// connection's filters hold in total bound what it costs there.
-	held := sub.values
-	for _, other := range c.subs {
-		held += other.values
-	}
-	if held > maxConnFilterValues {
-		c.mu.Unlock()
-		sub.close()
-		metrics.SubscriptionsRefused.WithLabelValues("filter_values").Inc()
-		c.sendClosed(subID, fmt.Sprintf("restricted: too many filter values across this connection's subscriptions (max %d); close some first", maxConnFilterValues))
-		return
-	}
-	if !c.s.ipSubs.take(c.ip) {
-		c.mu.Unlock()
-		sub.close()
-		metrics.SubscriptionsRefused.WithLabelValues("ip").Inc()
-		c.sendClosed(subID, fmt.Sprintf("restricted: too many subscriptions from your address across its connections (max %d); close some first", c.s.cfg.MaxSubscriptionsPerIP))
-		return
-	}
-	sub.mu.Lock()
-	sub.slot, sub.slotKey = c.s.ipSubs, c.ip // given back by sub.close, however it ends
-	sub.mu.Unlock()
-	c.subs[subID] = sub
-	// Counted from here on: a Deliver that looked for candidates before this line skips this
-	// connection. A stored event it carried is in the recent window by then (Deliver adds it
-	// before it looks), so the matching below still finds it for a filter with a query. An
-	// ephemeral event, or one only a limit-0 filter matches, is missed in that window, as one
-	// delivered just before the REQ arrived is: the two were concurrent.
-	c.s.interest.watch(c, sub)
-	c.mu.Unlock()
 	// Taken now, not after the query: however long the query waits, what was delivered just
 	// before the subscription existed is still at hand (recentStored).
 	before := c.s.recent.matching(sub, timeNow())
@@ -80,6 +44,45 @@ func (c *conn) handleReq(subID string, filters []nostr.Filter) {
 		defer c.recoverQuery(subID, sub)
 		c.runInitial(sub, before)
 	}()
+}
+
+// register makes sub the live subscription of its id, within the bounds on what one connection
+// and one client IP may hold; a refusal closes sub and answers CLOSED.
+func (c *conn) register(sub *subscription) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	refuse := func(bound, reason string) bool {
+		sub.close()
+		metrics.SubscriptionsRefused.WithLabelValues(bound).Inc()
+		c.sendClosed(sub.id, reason)
+		return false
+	}
+	if len(c.subs) >= c.s.cfg.MaxSubscriptions {
+		return refuse("connection", fmt.Sprintf("restricted: too many subscriptions (max %d)", c.s.cfg.MaxSubscriptions))
+	}
+	// Every live event is matched against every subscription on one goroutine: the values a
+	// connection's filters hold in total bound what it costs there.
+	held := sub.values
+	for _, other := range c.subs {
+		held += other.values
+	}
+	if held > maxConnFilterValues {
+		return refuse("filter_values", fmt.Sprintf("restricted: too many filter values across this connection's subscriptions (max %d); close some first", maxConnFilterValues))
+	}
+	if !c.s.ipSubs.take(c.ip) {
+		return refuse("ip", fmt.Sprintf("restricted: too many subscriptions from your address across its connections (max %d); close some first", c.s.cfg.MaxSubscriptionsPerIP))
+	}
+	sub.mu.Lock()
+	sub.slot, sub.slotKey = c.s.ipSubs, c.ip // given back by sub.close, however it ends
+	sub.mu.Unlock()
+	c.subs[sub.id] = sub
+	// Counted from here on: a Deliver that looked for candidates before this line skips this
+	// connection. A stored event it carried is in the recent window by then (Deliver adds it
+	// before it looks), so the matching below still finds it for a filter with a query. An
+	// ephemeral event, or one only a limit-0 filter matches, is missed in that window, as one
+	// delivered just before the REQ arrived is: the two were concurrent.
+	c.s.interest.watch(c, sub)
+	return true
 }
 
 // runInitial runs the REQ's initial query, sends the rows the subscription has not seen yet, the
