@@ -108,9 +108,9 @@ func expired(ev *nostr.Event, now int64) bool {
 	return false
 }
 
-// deliveryMembers reads the member set of d's channel on the acceptance pool, retrying with capped
-// backoff. Nobody gets a gated event whose gate could not be checked (fail closed); ok is false
-// only when the server is shutting down.
+// deliveryMembers reads the member set of d's channel on the lookup pool (SetLookupPool),
+// retrying with capped backoff. Nobody gets a gated event whose gate could not be checked (fail
+// closed); ok is false only when the server is shutting down.
 func (s *Server) deliveryMembers(d evt.Delivery) (members []string, ok bool) {
 	backoff := 10 * time.Millisecond
 	for attempt := 1; ; attempt++ {

@@ -9,9 +9,9 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 )
 
-// compiledFilter is a validated NIP-01 filter, ready for SQL (filter_sql.go) and for matching
-// live events (matches). Both sides read the same fields, so the initial query and live delivery
-// agree on what a filter means.
+// compiledFilter is a validated NIP-01 filter, ready for SQL (filter_sql.go) and for matching live
+// events (matchesIndexed). Both sides read the same fields, so the initial query and live
+// delivery agree on what a filter means.
 type compiledFilter struct {
 	ids     []string // nil: any
 	authors []string // nil: any
@@ -217,12 +217,8 @@ func (cf *compiledFilter) values() int {
 	return n
 }
 
-// matches reports whether ev matches; ignoreTime skips since/until (NIP-ER due signals).
-func (cf *compiledFilter) matches(ev *nostr.Event, ignoreTime bool) bool {
-	return cf.matchesIndexed(ev, nil, ignoreTime)
-}
-
-// matchesIndexed is matches with ev's tags indexed (newTagIndex; nil for few tags).
+// matchesIndexed reports whether ev matches, with ev's tags indexed (newTagIndex; nil for few
+// tags); ignoreTime skips since/until (NIP-ER due signals).
 func (cf *compiledFilter) matchesIndexed(ev *nostr.Event, ix tagIndex, ignoreTime bool) bool {
 	if cf.none {
 		return false

@@ -71,12 +71,6 @@ func newMemberCache(capacity int, log *slog.Logger) *memberCache {
 	return &memberCache{sets: map[string][]string{}, cap: capacity, log: log, unseenLog: logx.Sampler{Every: unseenWarnAfter}}
 }
 
-func (mc *memberCache) currentEpoch() uint64 {
-	mc.mu.Lock()
-	defer mc.mu.Unlock()
-	return mc.epoch
-}
-
 func (mc *memberCache) get(channel string) ([]string, bool) {
 	mc.mu.Lock()
 	defer mc.mu.Unlock()
