@@ -7,17 +7,17 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 )
 
-// Kinds whose every row is gated, by gate class (PROTOCOL.md "Read gates"). Used only to decide
-// from a filter's shape whether it can match anything readable; the authoritative gate is the SQL
-// (gateSQL) and, for live events, evt.Scope computed by accept_event.
+// Kinds whose every row is gated, by gate class (docs/protocol.md, Read gates). Used only to
+// decide from a filter's shape whether it can match anything readable; the authoritative gate is
+// the SQL (gateSQL) and, for live events, evt.Scope computed by accept_event.
 var (
 	authorOnlyKinds = []int{30300, 41010, 41011, 41012}
 	pGatedKinds     = []int{1059, 30622}
 )
 
-// gateClosure decides the PROTOCOL.md closing rule for one filter: "" when the filter can match
-// rows this connection may read (it is answered with those, the rest silently omitted);
-// otherwise the CLOSED reason: auth-required when not authenticated, restricted when
+// gateClosure decides the closing rule (docs/protocol.md, Read gates) for one filter: "" when the
+// filter can match rows this connection may read (it is answered with those, the rest silently
+// omitted); otherwise the CLOSED reason: auth-required when not authenticated, restricted when
 // authenticated as someone else. sets holds the member sets of the filter's h values (membersOf).
 func gateClosure(cf *compiledFilter, authed []string, sets map[string][]string) string {
 	if cf.none {
