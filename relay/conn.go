@@ -125,6 +125,7 @@ func (c *conn) run() {
 			case errors.Is(err, websocket.ErrReadLimit):
 				// gorilla already sent close 1009 (message too big).
 				reason = "message too big"
+				c.drainOversized()
 			case websocket.IsCloseError(err, websocket.CloseNormalClosure, websocket.CloseGoingAway, websocket.CloseNoStatusReceived):
 			default:
 				if c.ctx.Err() == nil {
@@ -361,6 +362,39 @@ func (c *conn) closeGracefully(code int, text, notice string) {
 	}
 	c.closeReason.CompareAndSwap(nil, text)
 	time.AfterFunc(slowCloseGrace, func() { c.kill(text) })
+}
+
+// After close 1009, the rest of the client's frame is read and dropped for oversizeDrain at most,
+// and a pause of oversizeDrainIdle ends that early.
+const (
+	oversizeDrain     = 2 * time.Second
+	oversizeDrainIdle = 500 * time.Millisecond
+)
+
+// drainOversized follows the close frame (1009) that gorilla sent from the header of a message
+// over the read limit. The client is most likely still sending that message: a socket closed with
+// its bytes unread makes the kernel answer with a reset, which ends the client's write with an
+// error, and most clients then report 1006 (abnormal closure) whatever close frame came first. So
+// the rest is read and dropped until the client closes or pauses, or oversizeDrain has passed.
+// Nothing else is sent meanwhile (no data frame may follow a close frame), and the connection's
+// queries stop.
+func (c *conn) drainOversized() {
+	c.closing.CompareAndSwap(nil, &closeInfo{websocket.CloseMessageTooBig, "message too big"})
+	c.q.closeWith(nil)
+	c.cancel()
+	nc := c.ws.NetConn()
+	end := timeNow().Add(oversizeDrain)
+	buf := make([]byte, 32<<10)
+	for {
+		deadline := timeNow().Add(oversizeDrainIdle)
+		if deadline.After(end) {
+			deadline = end
+		}
+		_ = nc.SetReadDeadline(deadline)
+		if _, err := nc.Read(buf); err != nil {
+			return
+		}
+	}
 }
 
 // kill tears the connection down now: it unblocks the read loop, the write loop and every query.
