@@ -4,6 +4,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"unicode"
 
 	"github.com/nbd-wtf/go-nostr"
 )
@@ -60,23 +61,41 @@ func (c *conn) checkAuthEvent(ev *nostr.Event) string {
 	return checkShapeAndSignature(ev)
 }
 
-// sameRelayURL compares relay URLs the way clients write them: case-insensitive scheme and host,
-// default ports implied, trailing slash ignored.
-func sameRelayURL(a, b string) bool {
-	ua, err1 := url.Parse(strings.TrimSpace(a))
-	ub, err2 := url.Parse(strings.TrimSpace(b))
-	if err1 != nil || err2 != nil {
+// sameRelayURL reports whether theirs, the relay tag of an AUTH event, names ours, the relay URL
+// this process serves. Scheme, host, port and path must be the same after the normalisation
+// NIP-42 allows: case of scheme and host, a default port written out or left out, one trailing
+// slash. Anything else makes it another URL, one a client did not connect to: a query, a
+// fragment, userinfo, whitespace. ours is the operator's value, trimmed as config reads it.
+func sameRelayURL(theirs, ours string) bool {
+	a, ok := relayURLParts(theirs)
+	if !ok {
 		return false
 	}
-	norm := func(u *url.URL) string {
-		host := strings.ToLower(u.Host)
-		scheme := strings.ToLower(u.Scheme)
-		if scheme == "ws" {
-			host = strings.TrimSuffix(host, ":80")
-		} else if scheme == "wss" {
-			host = strings.TrimSuffix(host, ":443")
-		}
-		return scheme + "://" + host + strings.TrimRight(u.Path, "/")
+	b, ok := relayURLParts(strings.TrimSpace(ours))
+	return ok && a == b
+}
+
+// relayURLParts normalises a ws:// or wss:// URL to what names a relay; ok is false for anything
+// that is not one plainly.
+func relayURLParts(raw string) (parts [4]string, ok bool) {
+	if strings.ContainsAny(raw, "?#") || strings.ContainsFunc(raw, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
+		return parts, false
 	}
-	return norm(ua) == norm(ub)
+	u, err := url.Parse(raw)
+	if err != nil || u.Opaque != "" || u.User != nil || u.Host == "" {
+		return parts, false
+	}
+	scheme := strings.ToLower(u.Scheme)
+	port := u.Port()
+	switch {
+	case scheme == "ws" && port == "":
+		port = "80"
+	case scheme == "wss" && port == "":
+		port = "443"
+	case scheme != "ws" && scheme != "wss":
+		return parts, false
+	}
+	path := u.EscapedPath()
+	path = strings.TrimSuffix(path, "/")
+	return [4]string{scheme, strings.ToLower(u.Hostname()), port, path}, true
 }

@@ -32,6 +32,9 @@ func TestAuth(t *testing.T) {
 	now := nostr.Now()
 	refused("wrong challenge", authEvent(sk1, "not-the-challenge", tr.url, now), "invalid:")
 	refused("wrong relay URL", authEvent(sk1, c.challenge, "ws://elsewhere.example", now), "invalid:")
+	refused("relay URL with a query", authEvent(sk1, c.challenge, tr.url+"/?x=evil", now), "invalid: relay URL")
+	refused("relay URL with a fragment", authEvent(sk1, c.challenge, tr.url+"#evil", now), "invalid: relay URL")
+	refused("relay URL with userinfo", authEvent(sk1, c.challenge, strings.Replace(tr.url, "ws://", "ws://evil.com@", 1), now), "invalid: relay URL")
 	refused("20 minutes old", authEvent(sk1, c.challenge, tr.url, now-20*60), "invalid:")
 	refused("20 minutes ahead", authEvent(sk1, c.challenge, tr.url, now+20*60), "invalid:")
 	wrongKind := signed(sk1, 1, "", now, nostr.Tag{"relay", tr.url}, nostr.Tag{"challenge", c.challenge})
@@ -133,5 +136,56 @@ func TestAuthRefusedWithoutRelayURL(t *testing.T) {
 	}
 	if got := c.authedList(t, tr); len(got) != 0 {
 		t.Fatalf("authenticated %v", got)
+	}
+}
+
+// The relay tag names this relay exactly: scheme, host, port and path, after the normalisation
+// NIP-42 allows (case of scheme and host, a default port written out, a trailing slash). A query,
+// a fragment, userinfo or whitespace makes it another string a client never connected to.
+func TestSameRelayURL(t *testing.T) {
+	for _, tc := range []struct {
+		ours, theirs string
+		same         bool
+	}{
+		{"ws://127.0.0.1:7777", "ws://127.0.0.1:7777", true},
+		{"ws://127.0.0.1:7777", "ws://127.0.0.1:7777/", true},
+		{"ws://127.0.0.1:7777", "WS://127.0.0.1:7777", true},
+		{"wss://relay.example.com", "wss://Relay.Example.COM/", true},
+		{"wss://relay.example.com", "wss://relay.example.com:443", true},
+		{"ws://relay.example.com:80/", "ws://relay.example.com", true},
+		{"WSS://Relay.Example.com/nostr/", "wss://relay.example.com/nostr", true},
+		{"wss://[2001:db8::1]:8443", "wss://[2001:DB8::1]:8443/", true},
+		{" wss://relay.example.com ", "wss://relay.example.com", true}, // the operator's value, as config reads it
+
+		{"ws://127.0.0.1:7777", "ws://127.0.0.1:7777/?x=evil", false},
+		{"ws://127.0.0.1:7777", "ws://127.0.0.1:7777?x=evil", false},
+		{"ws://127.0.0.1:7777", "ws://127.0.0.1:7777/?", false},
+		{"ws://127.0.0.1:7777", "ws://127.0.0.1:7777/#evil", false},
+		{"ws://127.0.0.1:7777", "ws://127.0.0.1:7777#evil", false},
+		{"ws://127.0.0.1:7777", "ws://127.0.0.1:7777#", false},
+		{"ws://127.0.0.1:7777", "ws://evil.com@127.0.0.1:7777", false},
+		{"ws://127.0.0.1:7777", "ws://user:pass@127.0.0.1:7777/", false},
+		{"ws://127.0.0.1:7777", "ws://@127.0.0.1:7777", false},
+		{"ws://127.0.0.1:7777", " ws://127.0.0.1:7777", false},
+		{"ws://127.0.0.1:7777", "ws://127.0.0.1:7777 ", false},
+		{"ws://127.0.0.1:7777", "ws://127.0.0.1:7777/\n", false},
+		{"ws://127.0.0.1:7777", "ws://127.0.0.1:7777\t", false},
+		{"ws://127.0.0.1:7777", "ws://127.0.0.1:7778", false},
+		{"ws://127.0.0.1:7777", "ws://127.0.0.1", false},
+		{"ws://127.0.0.1:7777", "wss://127.0.0.1:7777", false},
+		{"ws://127.0.0.1:7777", "http://127.0.0.1:7777", false},
+		{"ws://127.0.0.1:7777", "ws:127.0.0.1:7777", false},
+		{"ws://127.0.0.1:7777", "ws://127.0.0.1:7777/other", false},
+		{"ws://127.0.0.1:7777", "ws://127.0.0.1:7777//", false},
+		{"ws://127.0.0.1:7777", "ws://127.0.0.2:7777", false},
+		{"ws://127.0.0.1:7777", "", false},
+		{"wss://relay.example.com/nostr", "wss://relay.example.com/NOSTR", false},
+		{"wss://relay.example.com/nostr", "wss://relay.example.com", false},
+		{"wss://relay.example.com/nostr", "wss://relay.example.com:444/nostr", false},
+		{"wss://relay.example.com", "wss://relay.example.com.", false},
+	} {
+		if got := sameRelayURL(tc.theirs, tc.ours); got != tc.same {
+			t.Errorf("sameRelayURL(%q, %q) = %v, want %v", tc.theirs, tc.ours, got, tc.same)
+		}
 	}
 }

@@ -3,9 +3,12 @@ package relay
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/testenv"
@@ -76,4 +79,37 @@ func TestSendQueuePushTakesOneLargeMessageWhenEmpty(t *testing.T) {
 	if !q.push([]byte("small")) || q.push(big) {
 		t.Fatal("a queue holding a message must refuse one that goes over the bound, and take one that fits")
 	}
+}
+
+// Any frame over the limit ends in close 1009, however far over it is. A 10 MB frame is still
+// being written when the relay sends its close frame from the header: closing the socket on the
+// rest of it made the kernel answer with a reset, which cut the client's write short and which
+// most clients report as 1006 (abnormal closure), whatever close frame came before it.
+func TestHugeFrameClosesWith1009(t *testing.T) {
+	tr := startRelay(t, nil)
+	c := tr.dial(t)
+	frame := []byte(`["EVENT",{"content":"` + strings.Repeat("x", 10<<20) + `"}]`)
+	if err := c.ws.WriteMessage(websocket.TextMessage, frame); err != nil {
+		t.Fatalf("writing the 10 MB frame: %v (want it taken and discarded, not reset)", err)
+	}
+	for {
+		_, err := c.tryRead(readTimeout)
+		if err == nil {
+			continue
+		}
+		var ce *websocket.CloseError
+		if !errors.As(err, &ce) || ce.Code != websocket.CloseMessageTooBig {
+			t.Fatalf("10 MB frame: %v, want close 1009", err)
+		}
+		break
+	}
+	select {
+	case cc := <-tr.closed:
+		if cc.reason != "message too big" {
+			t.Fatalf("closed: %q, want message too big", cc.reason)
+		}
+	case <-time.After(readTimeout):
+		t.Fatal("the connection was not torn down")
+	}
+	alive(t, tr.dial(t))
 }

@@ -125,6 +125,7 @@ func (c *conn) run() {
 			case errors.Is(err, websocket.ErrReadLimit):
 				// gorilla already sent close 1009 (message too big).
 				reason = "message too big"
+				c.drainOversized()
 			case websocket.IsCloseError(err, websocket.CloseNormalClosure, websocket.CloseGoingAway, websocket.CloseNoStatusReceived):
 			default:
 				if c.ctx.Err() == nil {
@@ -207,58 +208,8 @@ func (c *conn) writeLoop() {
 	for {
 		select {
 		case <-c.q.wake:
-			for {
-				// A bounded batch per write: the deadline then asks for progress (writeBatch
-				// bytes per writeWait), not for the whole queue at once, which a client on a
-				// slow link could not take within it.
-				batch := c.q.take(writeBatch)
-				if len(batch) == 0 {
-					break
-				}
-				n, err := writeTextFrames(c.ws.NetConn(), batch, c.s.writeWait)
-				c.q.written(n)
-				if err != nil {
-					// A write that timed out is a client not reading what it asked for (initial
-					// results wait for room in the queue instead of overflowing it): the usual
-					// end of a slow REQ reader, so it is counted and logged like an overflow.
-					var ne net.Error
-					if errors.As(err, &ne) && ne.Timeout() && c.closing.Load() == nil && c.ctx.Err() == nil {
-						metrics.SlowClientsClosed.WithLabelValues("write_timeout").Inc()
-						c.log.Warn("write timed out, closing slow client", "write_wait", c.s.writeWait.String())
-					}
-					c.kill("write: " + err.Error())
-					return
-				}
-				// A full batch left while more is queued: a backlog (a long answer, a flood) is
-				// draining, so the client is reading. The read deadline is there to find dead
-				// clients (pongWait), and a backlog to a slow reader (which only answers pings, as
-				// browsers do) can take longer than that while its pong waits behind the data in
-				// the kernel. A client that stops reading is still found: the kernel buffers fill,
-				// the next write blocks, and writeWait ends it. A write that emptied the queue
-				// proves nothing (the kernel took a few events for a peer that may be gone), so it
-				// does not renew: trickling events must not keep a silent connection for good.
-				if !c.q.empty() {
-					_ = c.ws.SetReadDeadline(timeNow().Add(c.s.readWait))
-				}
-				// A client's ping is answered, and the relay's own keepalive ping sent when
-				// due, between batches, not after the queue runs dry (a steady stream to a
-				// slow reader, or an answer the query keeps refilling, may never let it).
-				select {
-				case data := <-c.pong:
-					if err := c.ws.WriteControl(websocket.PongMessage, []byte(data), timeNow().Add(c.s.writeWait)); err != nil {
-						c.kill("pong: " + err.Error())
-						return
-					}
-				default:
-				}
-				select {
-				case <-ping.C:
-					if err := c.ws.WriteControl(websocket.PingMessage, nil, timeNow().Add(c.s.writeWait)); err != nil {
-						c.kill("ping: " + err.Error())
-						return
-					}
-				default:
-				}
+			if !c.writeQueued(ping.C) {
+				return
 			}
 			if c.q.isClosed() && c.q.empty() {
 				// A graceful close: everything queued before closeWith went out; say goodbye.
@@ -268,19 +219,93 @@ func (c *conn) writeLoop() {
 				return
 			}
 		case <-ping.C:
-			if err := c.ws.WriteControl(websocket.PingMessage, nil, timeNow().Add(c.s.writeWait)); err != nil {
-				c.kill("ping: " + err.Error())
+			if !c.writePing() {
 				return
 			}
 		case data := <-c.pong:
-			if err := c.ws.WriteControl(websocket.PongMessage, []byte(data), timeNow().Add(c.s.writeWait)); err != nil {
-				c.kill("pong: " + err.Error())
+			if !c.writePong(data) {
 				return
 			}
 		case <-c.ctx.Done():
 			return
 		}
 	}
+}
+
+// writeQueued writes what is queued, a bounded batch per write: the deadline then asks for
+// progress (writeBatch bytes per writeWait), not for the whole queue at once, which a client on a
+// slow link could not take within it. It returns false when the connection is done.
+func (c *conn) writeQueued(ping <-chan time.Time) bool {
+	for {
+		batch := c.q.take(writeBatch)
+		if len(batch) == 0 {
+			return true
+		}
+		n, err := writeTextFrames(c.ws.NetConn(), batch, c.s.writeWait)
+		c.q.written(n)
+		if err != nil {
+			c.writeFailed(err)
+			return false
+		}
+		// A full batch left while more is queued: a backlog (a long answer, a flood) is
+		// draining, so the client is reading. The read deadline is there to find dead
+		// clients (pongWait), and a backlog to a slow reader (which only answers pings, as
+		// browsers do) can take longer than that while its pong waits behind the data in
+		// the kernel. A client that stops reading is still found: the kernel buffers fill,
+		// the next write blocks, and writeWait ends it. A write that emptied the queue
+		// proves nothing (the kernel took a few events for a peer that may be gone), so it
+		// does not renew: trickling events must not keep a silent connection for good.
+		if !c.q.empty() {
+			_ = c.ws.SetReadDeadline(timeNow().Add(c.s.readWait))
+		}
+		// A client's ping is answered, and the relay's own keepalive ping sent when
+		// due, between batches, not after the queue runs dry (a steady stream to a
+		// slow reader, or an answer the query keeps refilling, may never let it).
+		select {
+		case data := <-c.pong:
+			if !c.writePong(data) {
+				return false
+			}
+		default:
+		}
+		select {
+		case <-ping:
+			if !c.writePing() {
+				return false
+			}
+		default:
+		}
+	}
+}
+
+// writeFailed ends the connection after a failed write. A write that timed out is a client not
+// reading what it asked for (initial results wait for room in the queue instead of overflowing
+// it): the usual end of a slow REQ reader, so it is counted and logged like an overflow.
+func (c *conn) writeFailed(err error) {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() && c.closing.Load() == nil && c.ctx.Err() == nil {
+		metrics.SlowClientsClosed.WithLabelValues("write_timeout").Inc()
+		c.log.Warn("write timed out, closing slow client", "write_wait", c.s.writeWait.String())
+	}
+	c.kill("write: " + err.Error())
+}
+
+// writePing sends the relay's keepalive ping; false when the connection is done.
+func (c *conn) writePing() bool {
+	if err := c.ws.WriteControl(websocket.PingMessage, nil, timeNow().Add(c.s.writeWait)); err != nil {
+		c.kill("ping: " + err.Error())
+		return false
+	}
+	return true
+}
+
+// writePong answers the client's latest ping; false when the connection is done.
+func (c *conn) writePong(data string) bool {
+	if err := c.ws.WriteControl(websocket.PongMessage, []byte(data), timeNow().Add(c.s.writeWait)); err != nil {
+		c.kill("pong: " + err.Error())
+		return false
+	}
+	return true
 }
 
 // writeTextFrames writes msgs as unfragmented, unmasked text frames (RFC 6455 5.2, server to
@@ -337,6 +362,39 @@ func (c *conn) closeGracefully(code int, text, notice string) {
 	}
 	c.closeReason.CompareAndSwap(nil, text)
 	time.AfterFunc(slowCloseGrace, func() { c.kill(text) })
+}
+
+// After close 1009, the rest of the client's frame is read and dropped for oversizeDrain at most,
+// and a pause of oversizeDrainIdle ends that early.
+const (
+	oversizeDrain     = 2 * time.Second
+	oversizeDrainIdle = 500 * time.Millisecond
+)
+
+// drainOversized follows the close frame (1009) that gorilla sent from the header of a message
+// over the read limit. The client is most likely still sending that message: a socket closed with
+// its bytes unread makes the kernel answer with a reset, which ends the client's write with an
+// error, and most clients then report 1006 (abnormal closure) whatever close frame came first. So
+// the rest is read and dropped until the client closes or pauses, or oversizeDrain has passed.
+// Nothing else is sent meanwhile (no data frame may follow a close frame), and the connection's
+// queries stop.
+func (c *conn) drainOversized() {
+	c.closing.CompareAndSwap(nil, &closeInfo{websocket.CloseMessageTooBig, "message too big"})
+	c.q.closeWith(nil)
+	c.cancel()
+	nc := c.ws.NetConn()
+	end := timeNow().Add(oversizeDrain)
+	buf := make([]byte, 32<<10)
+	for {
+		deadline := timeNow().Add(oversizeDrainIdle)
+		if deadline.After(end) {
+			deadline = end
+		}
+		_ = nc.SetReadDeadline(deadline)
+		if _, err := nc.Read(buf); err != nil {
+			return
+		}
+	}
 }
 
 // kill tears the connection down now: it unblocks the read loop, the write loop and every query.

@@ -108,9 +108,9 @@ func expired(ev *nostr.Event, now int64) bool {
 	return false
 }
 
-// deliveryMembers reads the member set of d's channel on the acceptance pool, retrying with capped
-// backoff. Nobody gets a gated event whose gate could not be checked (fail closed); ok is false
-// only when the server is shutting down.
+// deliveryMembers reads the member set of d's channel on the lookup pool (SetLookupPool),
+// retrying with capped backoff. Nobody gets a gated event whose gate could not be checked (fail
+// closed); ok is false only when the server is shutting down.
 func (s *Server) deliveryMembers(d evt.Delivery) (members []string, ok bool) {
 	backoff := 10 * time.Millisecond
 	for attempt := 1; ; attempt++ {
@@ -140,89 +140,117 @@ func (s *Server) deliveryMembers(d evt.Delivery) (members []string, ok bool) {
 	}
 }
 
-// deliver enqueues ev on each matching subscription of c, all copies at once (pushAll): the
-// queue admits them as it would admit one. Each subscription stays locked from its de-dup check
-// until its copy is queued, as in sendLocked, so nothing goes to one that a CLOSE or a REQ of the
-// same id ended meanwhile. c.mu serializes deliveries, so only this goroutine ever holds more than
-// one subscription's lock.
+// deliver enqueues ev on each matching subscription of c, all copies at once (sendQueue.offer):
+// the queue admits them as it would admit one. Each subscription stays locked from its de-dup
+// check until its copy is queued, as in sendLocked, so nothing goes to one that a CLOSE or a REQ
+// of the same id ended meanwhile. c.mu serializes deliveries, so only this goroutine ever holds
+// more than one subscription's lock.
 func (c *conn) deliver(d evt.Delivery, js []byte, ix tagIndex) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if d.Due {
-		// A due signal re-sends an event the subscription has already seen: it bypasses the id
-		// de-dup and is de-duplicated per connection by (id, stamp) instead.
-		k := dueKey{id: keyOf(d.Event.ID), stamp: d.Stamp}
-		if c.dueSeen.has(k) {
-			return
-		}
-		c.dueSeen.add(k)
+	if d.Due && c.dueSeenBefore(d) {
+		return
 	}
-	id := keyOf(d.Event.ID)
-	var locked []*subscription
-	var msgs [][]byte
-	defer func() {
-		for _, sub := range locked {
-			sub.mu.Unlock()
-		}
-	}()
-	take := func(sub *subscription) {
-		matched, liveOnly := sub.matching(d, ix)
-		if !matched {
-			return
-		}
-		sub.mu.Lock()
-		// An event the query's snapshot saw was answered or passed over by the filters with a
-		// query; one that also matches a filter with limit 0 is new to that filter, unless a
-		// row already sent it (at most once per subscription).
-		if sub.closed || (sub.answered(d) && (!liveOnly || sub.sentAsRow(id, d, ix))) || (!d.Due && !sub.seen.add(id)) {
-			sub.mu.Unlock()
-			return
-		}
-		locked = append(locked, sub)
-		if sub.sentLive != nil && !d.Due && len(sub.sentLive) < sentLiveMax {
-			sub.sentLive[id] = struct{}{}
-		}
-		msgs = append(msgs, eventMessage(sub.prefix, js))
-	}
+	cp := liveCopies{d: d, js: js, ix: ix, id: keyOf(d.Event.ID)}
+	defer cp.unlock()
 	if d.Due {
-		// I6 (DESIGN.md) and PROTOCOL.md: no connection receives a due signal twice. "Each of the
-		// author's live subscriptions whose filter matches it" says where it may go, so a
-		// connection with several such subscriptions gets it once: on a reminders subscription
-		// (a filter for kind 30300 alone) if it has one, as a NIP-ER client keeps one beside its
-		// broader ones, and among equals on the lowest id that takes it (deterministic).
-		ids := make([]string, 0, len(c.subs))
-		for sid := range c.subs {
-			ids = append(ids, sid)
-		}
-		slices.SortFunc(ids, func(a, b string) int {
-			ra, rb := c.subs[a].remindersOnly(), c.subs[b].remindersOnly()
-			if ra != rb {
-				if ra {
-					return -1
-				}
-				return 1
-			}
-			return strings.Compare(a, b)
-		})
-		for _, sid := range ids {
-			if take(c.subs[sid]); len(msgs) > 0 {
+		// I6 (docs/design.md) and docs/protocol.md: no connection receives a due signal twice.
+		for _, sub := range c.dueCandidates() {
+			if cp.take(sub); len(cp.msgs) > 0 {
 				break
 			}
 		}
 	} else {
 		for _, sub := range c.subs {
-			take(sub)
+			cp.take(sub)
 		}
 	}
-	if len(msgs) == 0 {
+	if len(cp.msgs) == 0 {
 		return
 	}
-	if why := c.q.offer(msgs...); why != "" {
+	if why := c.q.offer(cp.msgs...); why != "" {
 		c.overflow(why)
 		return
 	}
 	if d.Due {
-		metrics.ReminderDueDelivered.Add(float64(len(msgs)))
+		metrics.ReminderDueDelivered.Add(float64(len(cp.msgs)))
+	}
+}
+
+// dueSeenBefore reports whether this connection had d's due signal already, and notes it. A due
+// signal re-sends an event the subscription has already seen: it bypasses the id de-dup and is
+// de-duplicated per connection by (id, stamp) instead. Caller holds c.mu.
+func (c *conn) dueSeenBefore(d evt.Delivery) bool {
+	k := dueKey{id: keyOf(d.Event.ID), stamp: d.Stamp}
+	if c.dueSeen.has(k) {
+		return true
+	}
+	c.dueSeen.add(k)
+	return false
+}
+
+// dueCandidates orders c's subscriptions for a due signal, which goes to one of them only. "Each
+// of the author's live subscriptions whose filter matches it" says where it may go, so a
+// connection with several such subscriptions gets it once: on a reminders subscription (a filter
+// for kind 30300 alone) if it has one, as a NIP-ER client keeps one beside its broader ones, and
+// among equals on the lowest id that takes it (deterministic). Caller holds c.mu.
+func (c *conn) dueCandidates() []*subscription {
+	ids := make([]string, 0, len(c.subs))
+	for sid := range c.subs {
+		ids = append(ids, sid)
+	}
+	slices.SortFunc(ids, func(a, b string) int {
+		ra, rb := c.subs[a].remindersOnly(), c.subs[b].remindersOnly()
+		if ra != rb {
+			if ra {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
+	subs := make([]*subscription, len(ids))
+	for i, sid := range ids {
+		subs[i] = c.subs[sid]
+	}
+	return subs
+}
+
+// liveCopies gathers one event's copies for the subscriptions of one connection that take it,
+// holding each of those subscriptions locked until unlock.
+type liveCopies struct {
+	d      evt.Delivery
+	js     []byte
+	ix     tagIndex
+	id     idKey
+	locked []*subscription
+	msgs   [][]byte
+}
+
+// take adds a copy for sub if sub matches the event and has not had it; sub stays locked then.
+func (cp *liveCopies) take(sub *subscription) {
+	matched, liveOnly := sub.matching(cp.d, cp.ix)
+	if !matched {
+		return
+	}
+	sub.mu.Lock()
+	// An event the query's snapshot saw was answered or passed over by the filters with a
+	// query; one that also matches a filter with limit 0 is new to that filter, unless a
+	// row already sent it (at most once per subscription).
+	if sub.closed || (sub.answered(cp.d) && (!liveOnly || sub.sentAsRow(cp.id, cp.d, cp.ix))) || (!cp.d.Due && !sub.seen.add(cp.id)) {
+		sub.mu.Unlock()
+		return
+	}
+	cp.locked = append(cp.locked, sub)
+	if sub.sentLive != nil && !cp.d.Due && len(sub.sentLive) < sentLiveMax {
+		sub.sentLive[cp.id] = struct{}{}
+	}
+	cp.msgs = append(cp.msgs, eventMessage(sub.prefix, cp.js))
+}
+
+func (cp *liveCopies) unlock() {
+	for _, sub := range cp.locked {
+		sub.mu.Unlock()
 	}
 }
 

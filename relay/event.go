@@ -55,7 +55,7 @@ func (c *conn) handleEvent(ev *nostr.Event) {
 	c.replyEvent(ev.ID, ok, msg)
 }
 
-// okPrefixes are the machine-readable OK prefixes (PROTOCOL.md), the metric's label values.
+// okPrefixes are the machine-readable OK prefixes (docs/protocol.md), the metric's label values.
 var okPrefixes = []string{"duplicate", "invalid", "blocked", "rate-limited", "restricted", "auth-required", "error"}
 
 // replyEvent sends an EVENT's OK and counts its verdict by prefix.
@@ -167,7 +167,7 @@ func (s *Server) checkEvent(ev *nostr.Event, authed []string, now time.Time) str
 	}
 	if isProtected(ev) && !slices.Contains(authed, ev.PubKey) {
 		// NIP-42: auth-required only when no key is authenticated; restricted when one is but it
-		// is not the author (PROTOCOL.md words the read gates the same way).
+		// is not the author (docs/protocol.md words the read gates the same way).
 		if len(authed) == 0 {
 			return "auth-required: this event is protected (NIP-70); AUTH as its author to publish it"
 		}
@@ -190,7 +190,7 @@ func deletionTargets(ev *nostr.Event) int {
 }
 
 // recipients counts the distinct values of ev's p tags. A gift wrap is read by the pubkey in its
-// p tag (PROTOCOL.md): accept_event gates it on the first, and the closing rule (gateClosure)
+// p tag (docs/protocol.md): accept_event gates it on the first, and the closing rule (gateClosure)
 // judges a filter by its #p values. With a second recipient the two would disagree: a filter on
 // the second's key, sent by the first, matches a wrap its sender may read, yet is closed. NIP-59
 // wraps once per recipient, so a wrap naming more than one is refused. accept_event refuses it

@@ -9,9 +9,9 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 )
 
-// compiledFilter is a validated NIP-01 filter, ready for SQL (filter_sql.go) and for matching
-// live events (matches). Both sides read the same fields, so the initial query and live delivery
-// agree on what a filter means.
+// compiledFilter is a validated NIP-01 filter, ready for SQL (filter_sql.go) and for matching live
+// events (matchesIndexed). Both sides read the same fields, so the initial query and live
+// delivery agree on what a filter means.
 type compiledFilter struct {
 	ids     []string // nil: any
 	authors []string // nil: any
@@ -52,54 +52,11 @@ func compileFilter(f nostr.Filter, lim filterLimits) (*compiledFilter, error) {
 	if cf.authors, err = hexList("authors", f.Authors); err != nil {
 		return nil, err
 	}
-	if f.Kinds != nil {
-		if len(f.Kinds) > maxFilterValues {
-			return nil, filterError(fmt.Sprintf("too many kinds in a filter (max %d)", maxFilterValues))
-		}
-		cf.kinds = make([]int, 0, len(f.Kinds))
-		for _, k := range f.Kinds {
-			if k < 0 || k > 65535 {
-				return nil, filterError("kinds must be between 0 and 65535")
-			}
-			cf.kinds = append(cf.kinds, k)
-		}
-		slices.Sort(cf.kinds)
-		cf.kinds = slices.Compact(cf.kinds)
-		if len(cf.kinds) == 0 {
-			cf.none = true
-		}
+	if cf.kinds, err = kindList(f.Kinds); err != nil {
+		return nil, err
 	}
-	letters := make([]string, 0, len(f.Tags))
-	for k := range f.Tags {
-		letters = append(letters, k)
-	}
-	slices.Sort(letters) // deterministic SQL text: prepared-statement cache hits
-	for _, letter := range letters {
-		vals := f.Tags[letter]
-		if len(letter) != 1 || !(letter[0] >= 'a' && letter[0] <= 'z' || letter[0] >= 'A' && letter[0] <= 'Z') {
-			return nil, filterError("only single-letter tag filters (#a-#z, #A-#Z) are supported")
-		}
-		if len(vals) > maxFilterValues {
-			return nil, filterError(fmt.Sprintf("too many values for #%s (max %d)", letter, maxFilterValues))
-		}
-		tc := tagCond{letter: letter}
-		for _, v := range vals {
-			if strings.IndexByte(v, 0) >= 0 || !utf8.ValidString(v) {
-				return nil, filterError("tag values must be valid UTF-8 without NUL")
-			}
-			tc.values = append(tc.values, v)
-		}
-		// Sorted: live matching binary-searches them (a linear scan made an event with many tags
-		// cost tags × values per filter on the one fan-out goroutine).
-		slices.Sort(tc.values)
-		tc.values = slices.Compact(tc.values)
-		for _, v := range tc.values {
-			tc.tagvals = append(tc.tagvals, letter+":"+v)
-		}
-		if len(tc.values) == 0 {
-			cf.none = true
-		}
-		cf.tags = append(cf.tags, tc)
+	if cf.tags, err = tagConds(f.Tags); err != nil {
+		return nil, err
 	}
 	if f.Since != nil {
 		v := int64(*f.Since)
@@ -109,28 +66,108 @@ func compileFilter(f nostr.Filter, lim filterLimits) (*compiledFilter, error) {
 		v := int64(*f.Until)
 		cf.until = &v
 	}
-	if cf.since != nil && cf.until != nil && *cf.since > *cf.until {
-		cf.none = true
-	}
-	if cf.ids != nil && len(cf.ids) == 0 || cf.authors != nil && len(cf.authors) == 0 {
-		cf.none = true
-	}
-	switch {
-	case f.Limit < 0:
-		return nil, filterError("limit must not be negative")
-	case f.LimitZero || cf.none:
-		cf.limit = 0
-	case f.Limit == 0:
-		cf.limit = lim.defaultLimit
-	case f.Limit > lim.maxLimit:
-		cf.limit = lim.maxLimit
-	default:
-		cf.limit = f.Limit
-	}
-	if cf.ids != nil && cf.limit > len(cf.ids) {
-		cf.limit = len(cf.ids) // ids are unique: no more rows than ids
+	cf.none = cf.matchesNothing()
+	if cf.limit, err = rowLimit(f, cf, lim); err != nil {
+		return nil, err
 	}
 	return cf, nil
+}
+
+// matchesNothing reports whether no event can match: an empty list, or since after until.
+func (cf *compiledFilter) matchesNothing() bool {
+	if cf.ids != nil && len(cf.ids) == 0 || cf.authors != nil && len(cf.authors) == 0 || cf.kinds != nil && len(cf.kinds) == 0 {
+		return true
+	}
+	for _, tc := range cf.tags {
+		if len(tc.values) == 0 {
+			return true
+		}
+	}
+	return cf.since != nil && cf.until != nil && *cf.since > *cf.until
+}
+
+// rowLimit is how many rows the initial query of cf returns: 0 for none (limit 0, or a filter
+// that matches nothing), the default when f names none, at most the relay's maximum.
+func rowLimit(f nostr.Filter, cf *compiledFilter, lim filterLimits) (int, error) {
+	limit := 0
+	switch {
+	case f.Limit < 0:
+		return 0, filterError("limit must not be negative")
+	case f.LimitZero || cf.none:
+		limit = 0
+	case f.Limit == 0:
+		limit = lim.defaultLimit
+	case f.Limit > lim.maxLimit:
+		limit = lim.maxLimit
+	default:
+		limit = f.Limit
+	}
+	if cf.ids != nil && limit > len(cf.ids) {
+		limit = len(cf.ids) // ids are unique: no more rows than ids
+	}
+	return limit, nil
+}
+
+// kindList validates, sorts and de-duplicates kinds (nil: any kind).
+func kindList(kinds []int) ([]int, error) {
+	if kinds == nil {
+		return nil, nil
+	}
+	if len(kinds) > maxFilterValues {
+		return nil, filterError(fmt.Sprintf("too many kinds in a filter (max %d)", maxFilterValues))
+	}
+	out := make([]int, 0, len(kinds))
+	for _, k := range kinds {
+		if k < 0 || k > 65535 {
+			return nil, filterError("kinds must be between 0 and 65535")
+		}
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+// tagConds validates the tag filters, in letter order: deterministic SQL text, so prepared
+// statements are reused.
+func tagConds(tags nostr.TagMap) ([]tagCond, error) {
+	letters := make([]string, 0, len(tags))
+	for k := range tags {
+		letters = append(letters, k)
+	}
+	slices.Sort(letters)
+	var out []tagCond
+	for _, letter := range letters {
+		tc, err := compileTagCond(letter, tags[letter])
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, tc)
+	}
+	return out, nil
+}
+
+func compileTagCond(letter string, vals []string) (tagCond, error) {
+	if len(letter) != 1 || !(letter[0] >= 'a' && letter[0] <= 'z' || letter[0] >= 'A' && letter[0] <= 'Z') {
+		return tagCond{}, filterError("only single-letter tag filters (#a-#z, #A-#Z) are supported")
+	}
+	if len(vals) > maxFilterValues {
+		return tagCond{}, filterError(fmt.Sprintf("too many values for #%s (max %d)", letter, maxFilterValues))
+	}
+	tc := tagCond{letter: letter}
+	for _, v := range vals {
+		if strings.IndexByte(v, 0) >= 0 || !utf8.ValidString(v) {
+			return tagCond{}, filterError("tag values must be valid UTF-8 without NUL")
+		}
+		tc.values = append(tc.values, v)
+	}
+	// Sorted: live matching binary-searches them (a linear scan made an event with many tags
+	// cost tags × values per filter on the one fan-out goroutine).
+	slices.Sort(tc.values)
+	tc.values = slices.Compact(tc.values)
+	for _, v := range tc.values {
+		tc.tagvals = append(tc.tagvals, letter+":"+v)
+	}
+	return tc, nil
 }
 
 func hexList(name string, vals []string) ([]string, error) {
@@ -180,12 +217,8 @@ func (cf *compiledFilter) values() int {
 	return n
 }
 
-// matches reports whether ev matches; ignoreTime skips since/until (NIP-ER due signals).
-func (cf *compiledFilter) matches(ev *nostr.Event, ignoreTime bool) bool {
-	return cf.matchesIndexed(ev, nil, ignoreTime)
-}
-
-// matchesIndexed is matches with ev's tags indexed (newTagIndex; nil for few tags).
+// matchesIndexed reports whether ev matches, with ev's tags indexed (newTagIndex; nil for few
+// tags); ignoreTime skips since/until (NIP-ER due signals).
 func (cf *compiledFilter) matchesIndexed(ev *nostr.Event, ix tagIndex, ignoreTime bool) bool {
 	if cf.none {
 		return false

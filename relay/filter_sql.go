@@ -23,8 +23,8 @@ func (a *sqlArgs) add(v any) string {
 	return "$" + strconv.Itoa(len(a.vals))
 }
 
-// gateSQL is the read gate (PROTOCOL.md "Read gates") for a connection authenticated as authed.
-// Unauthenticated connections read only public rows, which keeps their plans simple.
+// gateSQL is the read gate (docs/protocol.md, Read gates) for a connection authenticated as
+// authed. Unauthenticated connections read only public rows, which keeps their plans simple.
 func gateSQL(a *sqlArgs, authed []string) string {
 	if len(authed) == 0 {
 		return `e.scope = '*'`

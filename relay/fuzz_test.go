@@ -164,7 +164,7 @@ func FuzzCompileFilter(f *testing.F) {
 					if err := json.Unmarshal([]byte(tags), &ev.Tags); err != nil {
 						t.Fatal(err)
 					}
-					if !cf.matches(&ev, false) {
+					if !cf.matchesIndexed(&ev, nil, false) {
 						t.Fatalf("SQL returned %s which the Go matcher rejects\n%s %v", ev.ID, sql, args)
 					}
 					got = append(got, ev)
@@ -175,7 +175,7 @@ func FuzzCompileFilter(f *testing.F) {
 			}
 			if len(got) < cf.limit {
 				for _, ev := range fixed {
-					if cf.matches(&ev, false) && !slices.ContainsFunc(got, func(g nostr.Event) bool { return g.ID == ev.ID }) {
+					if cf.matchesIndexed(&ev, nil, false) && !slices.ContainsFunc(got, func(g nostr.Event) bool { return g.ID == ev.ID }) {
 						t.Fatalf("Go matches %s but SQL did not return it\n%s %v", ev.ID, sql, args)
 					}
 				}

@@ -1,18 +1,23 @@
 package relay
 
-import "slices"
+import (
+	"context"
+	"slices"
 
-// Kinds whose every row is gated, by gate class (PROTOCOL.md "Read gates"). Used only to decide
-// from a filter's shape whether it can match anything readable; the authoritative gate is the SQL
-// (gateSQL) and, for live events, evt.Scope computed by accept_event.
+	"github.com/nbd-wtf/go-nostr"
+)
+
+// Kinds whose every row is gated, by gate class (docs/protocol.md, Read gates). Used only to
+// decide from a filter's shape whether it can match anything readable; the authoritative gate is
+// the SQL (gateSQL) and, for live events, evt.Scope computed by accept_event.
 var (
 	authorOnlyKinds = []int{30300, 41010, 41011, 41012}
 	pGatedKinds     = []int{1059, 30622}
 )
 
-// gateClosure decides the PROTOCOL.md closing rule for one filter: "" when the filter can match
-// rows this connection may read (it is answered with those, the rest silently omitted);
-// otherwise the CLOSED reason: auth-required when not authenticated, restricted when
+// gateClosure decides the closing rule (docs/protocol.md, Read gates) for one filter: "" when the
+// filter can match rows this connection may read (it is answered with those, the rest silently
+// omitted); otherwise the CLOSED reason: auth-required when not authenticated, restricted when
 // authenticated as someone else. sets holds the member sets of the filter's h values (membersOf).
 func gateClosure(cf *compiledFilter, authed []string, sets map[string][]string) string {
 	if cf.none {
@@ -68,4 +73,57 @@ func intersects(list, authed []string) bool {
 		}
 	}
 	return false
+}
+
+// checkGates applies the gate closing rule to every filter: one filter that can only match
+// unreadable rows closes the whole REQ, so the client learns it should AUTH (a subscription
+// cannot be half closed, and silently dropping part of it would leave the client waiting).
+// The member sets of every h value in the request are read at once, on the query pool.
+func (c *conn) checkGates(cfs []*compiledFilter) string {
+	authed := c.authedList()
+	var channels []string
+	if len(authed) > 0 {
+		for _, cf := range cfs {
+			if !cf.none && cf.hasTag("h") {
+				channels = append(channels, cf.tag("h")...)
+			}
+		}
+	}
+	var sets map[string][]string
+	if len(channels) > 0 {
+		ctx, cancel := context.WithTimeout(c.ctx, c.s.memberWait)
+		var err error
+		sets, err = c.lookupMembers(ctx, channels)
+		cancel()
+		if err != nil {
+			c.log.Warn("membership lookup failed", "err", err)
+			return "error: could not check channel membership"
+		}
+	}
+	for _, cf := range cfs {
+		if reason := gateClosure(cf, authed, sets); reason != "" {
+			return reason
+		}
+	}
+	return ""
+}
+
+// admitFilters is what REQ and COUNT both pass before any query: the rate limit, the filter
+// compiler and the read gates. On refusal it has already answered CLOSED, and ended a REQ of the
+// same id (closeID: a REQ has already replaced it, a COUNT's CLOSED reads as its end).
+func (c *conn) admitFilters(verb, subID string, filters []nostr.Filter) ([]*compiledFilter, bool) {
+	if !c.allowReq(verb) {
+		c.closeID(subID, "rate-limited: too many requests, slow down")
+		return nil, false
+	}
+	cfs, err := c.compileFilters(filters)
+	if err != nil {
+		c.closeID(subID, "invalid: "+err.Error())
+		return nil, false
+	}
+	if reason := c.checkGates(cfs); reason != "" {
+		c.closeID(subID, reason)
+		return nil, false
+	}
+	return cfs, true
 }

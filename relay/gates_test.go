@@ -38,7 +38,7 @@ func openDM(t *testing.T, a party, others ...string) string {
 	}
 	ev := signed(a.sk, 41010, "", nostr.Now(), tags...)
 	r := a.c.publish(ev)
-	// PROTOCOL.md's exact shape: a client may match the string, not parse it.
+	// docs/protocol.md's exact shape: a client may match the string, not parse it.
 	if !r.ok || !dmReply.MatchString(r.msg) {
 		t.Fatalf("DM open: %+v, want %s", r, dmReply)
 	}
@@ -70,7 +70,7 @@ func syncNone(t *testing.T, c *client, sub string) {
 }
 
 // countNone checks that a COUNT of filter f counts nothing for c: 0, or closed with restricted:
-// (PROTOCOL.md: a filter that can only match rows the connection may not read is closed).
+// (docs/protocol.md: a filter that can only match rows the connection may not read is closed).
 func countNone(t *testing.T, c *client, what string, f nostr.Filter) {
 	t.Helper()
 	n, closed := c.count("cnt-"+nonce(), f)

@@ -7,7 +7,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 )
 
-// A gift wrap is served to the pubkey in its p tag (PROTOCOL.md), and the SQL gate reads it as
+// A gift wrap is served to the pubkey in its p tag (docs/protocol.md), and the SQL gate reads it as
 // the first p. A wrap naming a second recipient would be readable by the first only, while the
 // closing rule, which judges a filter by its #p values, would close a filter that matches it for
 // its reader: {"kinds":[1059],"#p":[X]} from Y answers CLOSED restricted although Y may read a

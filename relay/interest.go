@@ -151,13 +151,6 @@ func (in *interest) candidates(ev *nostr.Event) []*conn {
 	return out
 }
 
-// empty reports whether no filter is counted (tests: every subscription that ended was taken out).
-func (in *interest) empty() bool {
-	in.mu.RLock()
-	defer in.mu.RUnlock()
-	return len(in.anyKind) == 0 && len(in.byKind) == 0 && len(in.byH) == 0 && len(in.byID) == 0 && len(in.byAuthor) == 0
-}
-
 // watch counts c's subscription sub while it is live: from now until sub.close, whichever path
 // closes it (CLOSE, a REQ reusing its id, CLOSED from the relay, the connection ending). A
 // subscription already closed is not counted.

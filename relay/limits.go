@@ -26,7 +26,7 @@ type Config struct {
 	MaxContentLength      int   // unicode characters (NIP-11), default 65536
 	MaxFutureSeconds      int64 // created_at upper bound relative to now, default 900
 	// SendQueueBytes bounds a connection's send queue, default 4 MiB. The copies of one event for
-	// several subscriptions go in as one unit (pushAll), so the queue may pass it by up to
+	// several subscriptions go in as one unit (sendQueue.offer), so the queue may pass it by up to
 	// MaxSubscriptions copies of one event (about twice MaxMessageLength each, as written).
 	SendQueueBytes int
 	// SendBudget bounds the bytes waiting in all send queues together, default 1 GiB, and

@@ -9,7 +9,7 @@ import (
 )
 
 // An event the initial query sent is not sent again live because it also matches a filter with
-// limit 0 (PROTOCOL.md: at most once per subscription). The replication tail delivers it after
+// limit 0 (docs/protocol.md: at most once per subscription). The replication tail delivers it after
 // the rows are out: committed before the query's snapshot, so the snapshot saw it.
 func TestRowAlsoMatchingALimitZeroFilterIsNotSentAgainLive(t *testing.T) {
 	tr := startRelay(t, nil)

@@ -159,10 +159,10 @@ func TestReaderThatStopsIsClosedDespiteManySubscriptions(t *testing.T) {
 	}
 }
 
-// pushAll admits a unit of copies by push's rule for one of them, judged on the queue before it:
+// offer admits a unit of copies by push's rule for one of them, judged on the queue before it:
 // an empty queue takes any unit; a queue holding something takes a unit whose largest copy fits,
 // whatever the unit's total, and refuses one whose largest copy does not.
-func TestSendQueuePushAllAdmitsCopiesAsOne(t *testing.T) {
+func TestSendQueueOfferAdmitsCopiesAsOne(t *testing.T) {
 	copies := func(n, size int) [][]byte {
 		var out [][]byte
 		for i := range n {
@@ -171,10 +171,10 @@ func TestSendQueuePushAllAdmitsCopiesAsOne(t *testing.T) {
 		return out
 	}
 	q := newSendQueue(100)
-	if !q.pushAll(copies(5, 250)) {
+	if q.offer(copies(5, 250)...) != "" {
 		t.Fatal("an empty queue refused a unit")
 	}
-	if q.pushAll(copies(1, 1)) || q.push([]byte("x")) {
+	if q.offer(copies(1, 1)...) == "" || q.push([]byte("x")) {
 		t.Fatal("a queue over its bound took more")
 	}
 	for b := q.take(1 << 20); len(b) > 0; b = q.take(1 << 20) {
@@ -185,17 +185,17 @@ func TestSendQueuePushAllAdmitsCopiesAsOne(t *testing.T) {
 	if !q.push(bytes.Repeat([]byte{'s'}, 50)) {
 		t.Fatal("an empty queue refused a small message")
 	}
-	if q.pushAll(copies(3, 49)) { // 49 and 50 fit in the 50 left, 51 does not
+	if q.offer(copies(3, 49)...) == "" { // 49 and 50 fit in the 50 left, 51 does not
 		t.Fatal("a unit whose largest copy does not fit was taken")
 	}
-	if !q.pushAll(copies(4, 40)) { // 40..43 each fit alone; 166 together
+	if q.offer(copies(4, 40)...) != "" { // 40..43 each fit alone; 166 together
 		t.Fatal("a unit whose every copy fits alone was refused")
 	}
 	if q.size != 50+40+41+42+43 {
 		t.Fatalf("%d bytes counted", q.size)
 	}
 	q.closeWith(nil)
-	if q.pushAll(copies(1, 1)) {
+	if q.offer(copies(1, 1)...) == "" {
 		t.Fatal("a closed queue took a unit")
 	}
 }

@@ -46,7 +46,7 @@ func TestIndexedTagMatchAgrees(t *testing.T) {
 		if ix != nil {
 			indexed++
 		}
-		if plain, fast := cf.matches(ev, false), cf.matchesIndexed(ev, ix, false); plain != fast {
+		if plain, fast := cf.matchesIndexed(ev, nil, false), cf.matchesIndexed(ev, ix, false); plain != fast {
 			t.Fatalf("round %d: plain %v, indexed %v\nevent tags %v\nfilter %v", round, plain, fast, ev.Tags, f.Tags)
 		}
 	}

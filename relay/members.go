@@ -16,7 +16,7 @@ import (
 )
 
 // memberCache holds DM member sets. A DM's participant set never changes through the protocol
-// (PROTOCOL.md), so a non-empty set read once stays true until an operator edits member rows,
+// (docs/protocol.md), so a non-empty set read once stays true until an operator edits member rows,
 // which the database announces through the replication stream (forget); an empty answer is not
 // cached (the channel may be committing right now, or not exist). Bounded: the oldest channel is
 // forgotten first. Lookups
@@ -69,12 +69,6 @@ func (mc *memberCache) forget(ch evt.MembersChange, xid uint32) {
 
 func newMemberCache(capacity int, log *slog.Logger) *memberCache {
 	return &memberCache{sets: map[string][]string{}, cap: capacity, log: log, unseenLog: logx.Sampler{Every: unseenWarnAfter}}
-}
-
-func (mc *memberCache) currentEpoch() uint64 {
-	mc.mu.Lock()
-	defer mc.mu.Unlock()
-	return mc.epoch
 }
 
 func (mc *memberCache) get(channel string) ([]string, bool) {

@@ -58,69 +58,20 @@ func parseClientMessage(data []byte) (*clientMessage, *parseError) {
 	}
 	in.WantComma()
 	m := &clientMessage{}
-	fail := func(what string) (*clientMessage, *parseError) {
-		return nil, &parseError{msg: what, verb: m.verb, subID: m.subID}
-	}
+	var pe *parseError
 	switch label {
 	case "EVENT", "AUTH":
-		m.verb = verbEVENT
-		if label == "AUTH" {
-			m.verb = verbAUTH
-		}
-		if in.IsDelim(']') {
-			return fail(label + " needs an event")
-		}
-		ev, err := decodeEvent(&in)
-		if err != "" {
-			pe := &parseError{msg: err, verb: m.verb}
-			pe.eventID = eventIDOf(data)
-			return nil, pe
-		}
-		in.WantComma()
-		if !in.IsDelim(']') {
-			return nil, &parseError{msg: label + " takes exactly one event", verb: m.verb, eventID: ev.ID}
-		}
-		m.event = ev
+		pe = m.parseEventArgs(&in, label, data)
 	case "REQ", "COUNT", "CLOSE":
-		m.verb = map[string]verb{"REQ": verbREQ, "COUNT": verbCOUNT, "CLOSE": verbCLOSE}[label]
-		m.subID = in.String()
-		if in.Error() != nil {
-			return fail(label + " needs a subscription id string")
-		}
-		// NIP-01 counts the id in characters, not bytes.
-		if m.subID == "" || utf8.RuneCountInString(m.subID) > maxSubIDLength {
-			pe := &parseError{msg: "subscription id must be 1-" + strconv.Itoa(maxSubIDLength) + " characters", verb: m.verb}
-			// The CLOSED names the id as sent: cut short, it could name another, live subscription.
-			// An id too long to echo gets a NOTICE instead.
-			if len(m.subID) <= maxEchoedSubIDBytes {
-				pe.subID = m.subID
-			}
-			return nil, pe
-		}
-		in.WantComma()
-		if m.verb == verbCLOSE {
-			break
-		}
-		for !in.IsDelim(']') {
-			var f nostr.Filter
-			if !in.IsDelim('{') {
-				return fail("filters must be JSON objects")
-			}
-			f.UnmarshalEasyJSON(&in)
-			if in.Error() != nil {
-				return fail("malformed filter")
-			}
-			m.filters = append(m.filters, f)
-			in.WantComma()
-		}
-		if len(m.filters) == 0 {
-			return fail(label + " needs at least one filter")
-		}
+		pe = m.parseSubArgs(&in, label)
 	default:
 		if len(label) > 20 {
 			label = label[:20]
 		}
 		return nil, &parseError{msg: "unknown message type " + strconv.Quote(label)}
+	}
+	if pe != nil {
+		return nil, pe
 	}
 	in.Delim(']')
 	in.Consumed()
@@ -132,6 +83,72 @@ func parseClientMessage(data []byte) (*clientMessage, *parseError) {
 		return nil, pe
 	}
 	return m, nil
+}
+
+// refuse is a parseError for m as far as it was read.
+func (m *clientMessage) refuse(what string) *parseError {
+	return &parseError{msg: what, verb: m.verb, subID: m.subID}
+}
+
+// parseEventArgs reads what follows EVENT or AUTH: exactly one event.
+func (m *clientMessage) parseEventArgs(in *jlexer.Lexer, label string, data []byte) *parseError {
+	m.verb = verbEVENT
+	if label == "AUTH" {
+		m.verb = verbAUTH
+	}
+	if in.IsDelim(']') {
+		return m.refuse(label + " needs an event")
+	}
+	ev, err := decodeEvent(in)
+	if err != "" {
+		return &parseError{msg: err, verb: m.verb, eventID: eventIDOf(data)}
+	}
+	in.WantComma()
+	if !in.IsDelim(']') {
+		return &parseError{msg: label + " takes exactly one event", verb: m.verb, eventID: ev.ID}
+	}
+	m.event = ev
+	return nil
+}
+
+// parseSubArgs reads what follows REQ, COUNT or CLOSE: a subscription id, then (REQ, COUNT) one
+// filter or more.
+func (m *clientMessage) parseSubArgs(in *jlexer.Lexer, label string) *parseError {
+	m.verb = map[string]verb{"REQ": verbREQ, "COUNT": verbCOUNT, "CLOSE": verbCLOSE}[label]
+	m.subID = in.String()
+	if in.Error() != nil {
+		return m.refuse(label + " needs a subscription id string")
+	}
+	// NIP-01 counts the id in characters, not bytes.
+	if m.subID == "" || utf8.RuneCountInString(m.subID) > maxSubIDLength {
+		pe := &parseError{msg: "subscription id must be 1-" + strconv.Itoa(maxSubIDLength) + " characters", verb: m.verb}
+		// The CLOSED names the id as sent: cut short, it could name another, live subscription.
+		// An id too long to echo gets a NOTICE instead.
+		if len(m.subID) <= maxEchoedSubIDBytes {
+			pe.subID = m.subID
+		}
+		return pe
+	}
+	in.WantComma()
+	if m.verb == verbCLOSE {
+		return nil
+	}
+	for !in.IsDelim(']') {
+		var f nostr.Filter
+		if !in.IsDelim('{') {
+			return m.refuse("filters must be JSON objects")
+		}
+		f.UnmarshalEasyJSON(in)
+		if in.Error() != nil {
+			return m.refuse("malformed filter")
+		}
+		m.filters = append(m.filters, f)
+		in.WantComma()
+	}
+	if len(m.filters) == 0 {
+		return m.refuse(label + " needs at least one filter")
+	}
+	return nil
 }
 
 // eventIDOf digs a well-formed id out of a malformed EVENT so it still gets its OK.

@@ -1,6 +1,6 @@
 package relay
 
-// Two read-side guards of DESIGN.md "Reads, limits and isolation": the per-connection bound on
+// Two read-side guards of docs/design.md, Reads, limits and isolation: the per-connection bound on
 // queries in flight (conn.querySem, acquireQuery) and the read gate compiled into the SQL ahead
 // of LIMIT (filter_sql.go).
 

@@ -4,10 +4,11 @@ import (
 	"sync"
 )
 
-// sendQueue is a connection's outgoing message queue, bounded in bytes. Live delivery pushes
-// without ever waiting (push, pushAll for the copies of one event): a reader that stays behind the
-// bound is a slow client and gets closed. Initial query results wait for room (pushHalf) but only fill the queue up to half the
-// bound, so a large REQ cannot by itself push live traffic over the edge.
+// sendQueue is a connection's outgoing message queue, bounded in bytes. Replies and live delivery
+// go in without ever waiting (push; offer for the copies of one event): a reader that stays behind
+// the bound is a slow client and gets closed. Initial query results wait for room (pushHalf) but
+// only fill the queue up to half the bound, so a large REQ cannot by itself push live traffic over
+// the edge.
 type sendQueue struct {
 	mu      sync.Mutex
 	items   [][]byte
@@ -74,9 +75,19 @@ func (q *sendQueue) overShared(n int) string {
 // reads keeps getting its answers while others' backlogs hold the shared budget (sendBudget).
 func (q *sendQueue) push(msg []byte) bool { return q.put(false, [][]byte{msg}) == "" }
 
-// offer enqueues live messages (one event's copies, pushAll) under this queue's bound and the
-// shared ones, and says what refused them: "" (taken), "closed", "queue" (this queue's bound),
-// "client" (its client's share of the sendBudget) or "budget" (the process's).
+// offer enqueues live messages under this queue's bound and the shared ones, and says what
+// refused them: "" (taken), "closed", "queue" (this queue's bound), "client" (its client's share
+// of the sendBudget) or "budget" (the process's).
+//
+// msgs are the copies of one event for several subscriptions of this connection (each frame
+// names its subscription, so they cannot share one), taken as one unit: admitted or refused
+// together by push's rule for the largest of them alone, judged on the queue as it was before
+// them. Offered one by one, the copies of one large event would overflow a queue that one copy
+// fits (an empty one, even), and one published event matching many subscriptions would close
+// every client that holds them as slow readers. The price is in the bound: the queue can hold up
+// to the limit plus one copy per subscription of the connection (MaxSubscriptions) of one
+// maximal event, not more, since a unit is only admitted while one copy still fits. A reader that
+// is really behind stays there: the next event finds the queue over its limit and is refused.
 func (q *sendQueue) offer(msgs ...[]byte) string { return q.put(true, msgs) }
 
 func (q *sendQueue) put(shared bool, msgs [][]byte) string {
@@ -106,17 +117,6 @@ func (q *sendQueue) put(shared bool, msgs [][]byte) string {
 	q.signal()
 	return ""
 }
-
-// pushAll enqueues msgs, the copies of one event for several subscriptions of this connection
-// (each frame names its subscription, so they cannot share one), as one unit: admitted or refused
-// together by push's rule for the largest of them alone, judged on the queue as it was before
-// them. Pushed one by one, the copies of one large event would overflow a queue that one copy
-// fits (an empty one, even), and one published event matching many subscriptions would close
-// every client that holds them as slow readers. The price is in the bound: the queue can hold up
-// to the limit plus one copy per subscription of the connection (MaxSubscriptions) of one
-// maximal event, not more, since a unit is only admitted while one copy still fits. A reader that
-// is really behind stays there: the next event finds the queue over its limit and is refused.
-func (q *sendQueue) pushAll(msgs [][]byte) bool { return q.offer(msgs...) == "" }
 
 // pushHalf enqueues msg if the queue is at most half full after it (an empty queue always takes
 // one message) and never waits. When there is no room it returns a channel that is closed once

@@ -1,0 +1,57 @@
+package relay
+
+import (
+	"context"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/metrics"
+)
+
+// handleCount answers NIP-45 COUNT with the same gates as REQ. A refusal or a failure is a
+// CLOSED (NIP-45) that also ends a REQ of the same id (closeID).
+func (c *conn) handleCount(subID string, filters []nostr.Filter) {
+	cfs, ok := c.admitFilters("COUNT", subID, filters)
+	if !ok {
+		return
+	}
+	if !c.acquireQuery(c.ctx) {
+		return
+	}
+	go func() {
+		defer c.releaseQuery()
+		defer c.recoverQuery(subID, nil)
+		n, err := c.count(c.ctx, cfs)
+		if err != nil {
+			if c.ctx.Err() != nil {
+				return
+			}
+			if !isTimeout(err) {
+				c.log.Error("COUNT query failed", "sub", subID, "err", err)
+			}
+			c.closeID(subID, queryErrorReason(err))
+			return
+		}
+		c.send(marshalCount(subID, n))
+	}()
+}
+
+func (c *conn) count(ctx context.Context, cfs []*compiledFilter) (int64, error) {
+	sql, args := countSQL(cfs, c.authedList())
+	if sql == "" {
+		return 0, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.s.cfg.QueryTimeout)
+	defer cancel()
+	start := time.Now()
+	defer func() { metrics.Queries.WithLabelValues("COUNT").Observe(time.Since(start).Seconds()) }()
+	pc, release, err := c.queryConn(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer release()
+	var n int64
+	err = pc.QueryRow(ctx, sql, args...).Scan(&n)
+	return n, err
+}

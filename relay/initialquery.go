@@ -1,0 +1,173 @@
+package relay
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/metrics"
+)
+
+type storedRow struct {
+	id   string
+	json []byte
+}
+
+// queryStored reads the initial rows of filters, newest first, de-duplicated across filters, and
+// the snapshot they were read in. held is what the rows took from the process-wide budget; the
+// caller gives it back once they are sent.
+func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out []storedRow, held int64, snap *pgSnapshot, err error) {
+	sql, args := reqSQL(filters, c.authedList())
+	if sql == "" {
+		return nil, 0, nil, nil
+	}
+	var ans initialAnswer
+	defer func() {
+		if p := recover(); p != nil {
+			c.releaseInitial(ans.held) // recoverQuery answers the client; the bytes must come back
+			panic(p)
+		}
+		if err != nil {
+			c.releaseInitial(ans.held)
+			out, held, snap = nil, 0, nil
+		}
+	}()
+	ctx, cancel := context.WithTimeout(ctx, c.s.cfg.QueryTimeout)
+	defer cancel()
+	start := time.Now()
+	defer func() { metrics.Queries.WithLabelValues("REQ").Observe(time.Since(start).Seconds()) }()
+	pc, release, err := c.queryConn(ctx)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	defer release()
+	if snap, err = c.readInSnapshot(ctx, pc, sql, args, &ans); err != nil {
+		return nil, 0, nil, err
+	}
+	return ans.rows, ans.held, snap, nil
+}
+
+// initialAnswer is an initial answer as it is read: its rows so far and the bytes they took from
+// the budgets (takeInitial), which queryStored gives back if the answer fails.
+type initialAnswer struct {
+	rows []storedRow
+	held int64
+}
+
+// readInSnapshot reads the rows of the query sql into ans, and the snapshot they were read in:
+// both come from one transaction, so from one snapshot, and all four statements go in one round
+// trip.
+func (c *conn) readInSnapshot(ctx context.Context, pc *pgxpool.Conn, sql string, args []any, ans *initialAnswer) (snap *pgSnapshot, err error) {
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY`)
+	b.Queue(`SELECT pg_current_snapshot()::text, pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint`)
+	b.Queue(sql, args...)
+	b.Queue(`COMMIT`)
+	br := pc.SendBatch(ctx, b)
+	defer func() {
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			abandonTx(pc)
+		}
+	}()
+	if _, err = br.Exec(); err != nil {
+		return nil, err
+	}
+	if snap, err = scanSnapshot(br); err != nil {
+		return nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	if err = c.readRows(rows, ans); err != nil {
+		return nil, err
+	}
+	rows.Close()
+	if err = rows.Err(); err != nil {
+		return nil, err
+	}
+	if _, err = br.Exec(); err != nil { // COMMIT
+		return nil, err
+	}
+	return snap, nil
+}
+
+// scanSnapshot reads the transaction's snapshot and the WAL position it was taken at.
+func scanSnapshot(br pgx.BatchResults) (*pgSnapshot, error) {
+	var snapText string
+	var walPos int64
+	if err := br.QueryRow().Scan(&snapText, &walPos); err != nil {
+		return nil, err
+	}
+	snap, err := parseSnapshot(snapText)
+	if err != nil {
+		return nil, err
+	}
+	snap.walPos = uint64(walPos)
+	return snap, nil
+}
+
+// readRows appends the query's rows to ans, one per event, until maxInitialBytes or a budget
+// (takeInitial) stops them. errBudgetSpent: not even the first row fit.
+func (c *conn) readRows(rows pgx.Rows, ans *initialAnswer) error {
+	var ev nostr.Event
+	var tags string
+	total := 0
+	prev := ""
+	for rows.Next() {
+		var kind int32
+		var createdAt int64
+		if err := rows.Scan(&ev.ID, &ev.PubKey, &createdAt, &kind, &tags, &ev.Content, &ev.Sig); err != nil {
+			return err
+		}
+		if ev.ID == prev {
+			continue // the same row matched by another filter: adjacent in (created_at, id) order
+		}
+		prev = ev.ID
+		ev.CreatedAt = nostr.Timestamp(createdAt)
+		ev.Kind = int(kind)
+		js := storedEventJSON(&ev, tags)
+		total += len(js)
+		if total > maxInitialBytes {
+			metrics.InitialTruncated.WithLabelValues("query").Inc()
+			c.log.Debug("initial query truncated", "bytes", maxInitialBytes, "rows", len(ans.rows))
+			return nil
+		}
+		if bound := c.takeInitial(int64(len(js))); bound != "" {
+			// Every connection's answers together stay within the budget, and one connection's
+			// (one client IP's) within its share: this one gets the newest rows that fit (NIP-01
+			// lets a relay return fewer than limit), or, when not one fits, a CLOSED that says why.
+			metrics.InitialTruncated.WithLabelValues(bound).Inc()
+			c.log.Debug("initial query truncated", "bound", bound, "rows", len(ans.rows))
+			if len(ans.rows) == 0 {
+				return errBudgetSpent
+			}
+			return nil
+		}
+		ans.held += int64(len(js))
+		ans.rows = append(ans.rows, storedRow{id: ev.ID, json: js})
+	}
+	return nil
+}
+
+// storedEventJSON builds an event's JSON from a row; tags come as jsonb text, already JSON.
+func storedEventJSON(ev *nostr.Event, tagsJSON string) []byte {
+	w := newWriter()
+	writeEventHead(w, ev)
+	w.RawString(`,"tags":`)
+	w.RawString(tagsJSON)
+	w.RawString(`,"content":`)
+	w.String(ev.Content)
+	w.RawString(`,"sig":`)
+	w.String(ev.Sig)
+	w.RawByte('}')
+	b, _ := w.BuildBytes()
+	return b
+}
