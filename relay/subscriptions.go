@@ -50,9 +50,10 @@ type subscription struct {
 
 // answered reports whether the initial query's snapshot saw d's transaction: the query answered
 // the event or passed over it. Only stored events: ephemeral ones and due signals are never in an
-// answer. The first delivery committed past the snapshot's WAL position ends the snapshot's use
-// (every later one is unseen): a subscription open for days holds no snapshot, and no xid is
-// read against one from more than 2^31 transactions ago. Caller holds s.mu.
+// answer (a due signal carries no xid). The first delivery committed past the snapshot's WAL
+// position ends the snapshot's use (every later one is unseen): a subscription open for days
+// holds no snapshot, and no xid is read against one from more than 2^31 transactions ago. Caller
+// holds s.mu.
 func (s *subscription) answered(d evt.Delivery) bool {
 	if s.snap == nil {
 		return false
@@ -61,7 +62,7 @@ func (s *subscription) answered(d evt.Delivery) bool {
 		s.dropSnapshot()
 		return false
 	}
-	return d.Xid != 0 && !d.Due && !isEphemeral(d.Event.Kind) && s.snap.sees(d.Xid)
+	return d.Xid != 0 && !isEphemeral(d.Event.Kind) && s.snap.sees(d.Xid)
 }
 
 // dropSnapshot forgets the query's snapshot and what only it needed. Caller holds s.mu.
