@@ -142,7 +142,7 @@ func TestEventDeliveredBeforeItsCommitIsVisibleIsReplayed(t *testing.T) {
 }
 
 // subSnapshot returns the snapshot subscription id of tr's only connection holds (nil if none).
-func subSnapshot(tr *testRelay, id string) *pgSnapshot {
+func subSnapshot(tr *testRelay, id string) *mvccSnapshot {
 	for _, sc := range tr.s.snapshotConns() {
 		sc.mu.Lock()
 		sub := sc.subs[id]

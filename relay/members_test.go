@@ -134,8 +134,8 @@ func TestPendingForgetCountsOnlyForSnapshotsThatSeeIt(t *testing.T) {
 	}
 	_, beganOlder := mc.begin()
 	_, beganNewer := mc.begin()
-	older := &pgSnapshot{xmin: 100, xmax: 101, xip: []uint64{100}}
-	newer := &pgSnapshot{xmin: 101, xmax: 101}
+	older := &mvccSnapshot{xmin: 100, xmax: 101, xip: []uint64{100}}
+	newer := &mvccSnapshot{xmin: 101, xmax: 101}
 	if !mc.sawForgets(newer, beganNewer) {
 		t.Fatal("a snapshot that sees the edit did not count")
 	}
@@ -155,12 +155,12 @@ func TestPendingForgetKeepsItsPlace(t *testing.T) {
 	const full = uint64(5)<<32 + 100
 	mc.forget(evt.MembersChange{All: true}, uint32(full&0xffffffff))
 	_, began := mc.begin()
-	if mc.sawForgets(&pgSnapshot{xmin: full, xmax: full + 1, xip: []uint64{full}}, began) {
+	if mc.sawForgets(&mvccSnapshot{xmin: full, xmax: full + 1, xip: []uint64{full}}, began) {
 		t.Fatal("a snapshot with the edit's transaction running counted")
 	}
 	later := uint64(1)<<31 + 20
 	_, began = mc.begin()
-	if !mc.sawForgets(&pgSnapshot{xmin: full + later - 10, xmax: full + later}, began) {
+	if !mc.sawForgets(&mvccSnapshot{xmin: full + later - 10, xmax: full + later}, began) {
 		t.Fatal("a snapshot 2^31 transactions later does not see the edit")
 	}
 }

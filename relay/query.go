@@ -296,7 +296,7 @@ func (c *conn) replayUnseen(sub *subscription, unseen []evt.Delivery) bool {
 
 // unseenBy keeps the deliveries whose transactions snap did not see (none without a snapshot:
 // there was no query to miss them).
-func unseenBy(snap *pgSnapshot, ds []evt.Delivery) []evt.Delivery {
+func unseenBy(snap *mvccSnapshot, ds []evt.Delivery) []evt.Delivery {
 	if snap == nil {
 		return nil
 	}
@@ -370,7 +370,7 @@ func (sub *subscription) sendLocked(c *conn, msg []byte, want func() bool) bool 
 // queryStored reads the initial rows of filters, newest first, de-duplicated across filters, and
 // the snapshot they were read in. held is what the rows took from the process-wide budget; the
 // caller gives it back once they are sent.
-func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out []storedRow, held int64, snap *pgSnapshot, err error) {
+func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out []storedRow, held int64, snap *mvccSnapshot, err error) {
 	sql, args := reqSQL(filters, c.authedList())
 	if sql == "" {
 		return nil, 0, nil, nil
@@ -418,7 +418,7 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out 
 	if err = br.QueryRow().Scan(&snapText, &walPos); err != nil {
 		return nil, 0, nil, err
 	}
-	if snap, err = parseSnapshot(snapText); err != nil {
+	if snap, err = parseMVCCSnapshot(snapText); err != nil {
 		return nil, 0, nil, err
 	}
 	snap.walPos = uint64(walPos)

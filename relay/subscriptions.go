@@ -29,7 +29,7 @@ type subscription struct {
 	// then be sent twice. Bounded by
 	// sentLiveMax (past it, seen alone decides).
 	sentLive map[idKey]struct{}
-	snap     *pgSnapshot // the initial query's; nil until it has run (or when it had nothing to read)
+	snap     *mvccSnapshot // the initial query's; nil until it has run (or when it had nothing to read)
 	// rows holds the ids of the initial rows sent, while snap is held, in a subscription that
 	// mixes filters with limit 0 and filters with a query (keepRows): a live event its snapshot saw
 	// is new to the limit-0 filters, unless a row already sent it (sentAsRow). Bounded by

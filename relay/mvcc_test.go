@@ -5,8 +5,8 @@ import (
 	"testing"
 )
 
-func TestSnapshotSees(t *testing.T) {
-	snap, err := parseSnapshot("100:110:107,103")
+func TestMVCCSnapshotSees(t *testing.T) {
+	snap, err := parseMVCCSnapshot("100:110:107,103")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +29,7 @@ func TestSnapshotSees(t *testing.T) {
 
 	// Across the 32-bit wrap: epoch 1, the delivered xid only has its low bits.
 	const epoch = uint64(1) << 32
-	wrapped, err := parseSnapshot("4294967290:" + strconv.FormatUint(epoch+5, 10) + ":" + strconv.FormatUint(epoch+2, 10))
+	wrapped, err := parseMVCCSnapshot("4294967290:" + strconv.FormatUint(epoch+5, 10) + ":" + strconv.FormatUint(epoch+2, 10))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,8 +48,8 @@ func TestSnapshotSees(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"", "1:2", "a:2:", "1:2:x"} {
-		if _, err := parseSnapshot(bad); err == nil {
-			t.Errorf("parseSnapshot(%q): no error", bad)
+		if _, err := parseMVCCSnapshot(bad); err == nil {
+			t.Errorf("parseMVCCSnapshot(%q): no error", bad)
 		}
 	}
 }
