@@ -1,5 +1,7 @@
 package visibility
 
+import "context"
+
 // counters is a copy of a publisher's counters, for assertions.
 type counters struct {
 	Published, Stale, Retry, Failed int64
@@ -18,3 +20,10 @@ func (p *Publisher) counters() counters {
 
 // listening reports whether the LISTEN connection is up.
 func (p *Publisher) listening() bool { return p.listenUp.Load() }
+
+// publisherInstance returns the InstanceID of the publisher whose hook point runs under ctx (""
+// elsewhere).
+func publisherInstance(ctx context.Context) string {
+	s, _ := ctx.Value(publisherKey{}).(string)
+	return s
+}

@@ -293,7 +293,7 @@ func signedSnapshot(t testing.TB, sk, viewer string, hidden []string, createdAt 
 // pauseAt stops the first pass of publisher instance (any component when "") at hook point name.
 func pauseAt(t testing.TB, name, instance string) *testenv.Gate {
 	return testenv.PauseAt(t, name, func(ctx context.Context) bool {
-		return instance == "" || PublisherInstance(ctx) == instance
+		return instance == "" || publisherInstance(ctx) == instance
 	})
 }
 

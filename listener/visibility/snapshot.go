@@ -257,14 +257,9 @@ func (p *Publisher) count(outcome string) {
 	}
 }
 
+// publisherKey carries the publisher's InstanceID in the context of its hook points, so a test can
+// stop one publisher of several (export_test.go).
 type publisherKey struct{}
-
-// PublisherInstance returns the InstanceID of the publisher whose PublishViewer runs under ctx
-// ("" elsewhere): in-process hooks use it to stop one publisher of several.
-func PublisherInstance(ctx context.Context) string {
-	s, _ := ctx.Value(publisherKey{}).(string)
-	return s
-}
 
 // Querier is what the snapshot helpers need of a pool, connection or transaction.
 type Querier interface {
