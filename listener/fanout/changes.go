@@ -106,7 +106,7 @@ func (f *Fanout) handleMessage(s *session, m *pglogrepl.LogicalDecodingMessage) 
 	}
 	c, ok, err := decodeMessage(m.Content)
 	if err != nil {
-		f.log.Error("fan-out cannot decode a buzz message; skipped", "err", err)
+		f.rejected(rejectMalformed, "err", err)
 		return
 	}
 	if !ok {
@@ -121,12 +121,31 @@ func (f *Fanout) handleMessage(s *session, m *pglogrepl.LogicalDecodingMessage) 
 		f.sink.MembersChanged(*c.members) // idempotent: no de-dup, and not a delivered event
 	}
 	for _, d := range c.events {
+		if why := rejection(d.Event); why != "" {
+			f.rejected(why, "id", d.Event.ID, "pubkey", d.Event.PubKey, "kind", d.Event.Kind)
+			continue
+		}
 		d.Xid, d.CommitLSN = xid, commitLSN
 		f.deliverEvent(d, at)
 	}
 	for _, d := range c.dues {
+		if why := rejection(d.Event); why != "" {
+			f.rejected(why, "id", d.Event.ID, "pubkey", d.Event.PubKey, "stamp", d.Stamp)
+			continue
+		}
 		d.CommitLSN = commitLSN
 		f.deliverDue(d, at)
+	}
+}
+
+// rejected counts a message, or an event in one, that is not delivered (verify.go), and logs it:
+// one line per 10 s, with the count of those folded, as a flood of forged messages must not
+// flood the log as well.
+func (f *Fanout) rejected(reason string, args ...any) {
+	metrics.FanoutRejected.WithLabelValues(reason).Inc()
+	if log, folded := f.rejectLog.Allow(time.Now()); log {
+		f.log.Error("fan-out ignored a buzz logical message it cannot trust (does a role that should not emit them have EXECUTE on pg_logical_emit_message?)",
+			append([]any{"reason", reason, "similar_since_last", folded}, args...)...)
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/buzzpg/buzzpg/internal/evt"
+	"github.com/buzzpg/buzzpg/internal/logx"
 	"github.com/buzzpg/buzzpg/internal/metrics"
 )
 
@@ -64,6 +65,8 @@ type Fanout struct {
 	slotsMade  atomic.Int64 // slots this process created (more than one: its slot was lost once)
 	// changes of a transaction a broken session was handing over, skipped on its resend
 	skippedResent atomic.Int64
+
+	rejectLog logx.Sampler // logical messages ignored (verify.go): one line per interval
 
 	// slotMade is closed once this process's slot exists: from then on every commit reaches our
 	// connections (the slot retains it), so serve opens the WebSocket endpoint only after it.
@@ -123,10 +126,11 @@ func New(cfg Config, pool *pgxpool.Pool, sink evt.Sink) *Fanout {
 	slot := SlotName(cfg.InstanceID)
 	return &Fanout{
 		cfg: cfg, pool: pool, sink: sink, slot: slot,
-		log:      log.With("component", "fanout", "slot", slot),
-		seen:     newRecentKeys(cfg.DedupeWindow),
-		done:     make(chan struct{}),
-		slotMade: make(chan struct{}),
+		log:       log.With("component", "fanout", "slot", slot),
+		seen:      newRecentKeys(cfg.DedupeWindow),
+		rejectLog: logx.Sampler{Every: 10 * time.Second},
+		done:      make(chan struct{}),
+		slotMade:  make(chan struct{}),
 	}
 }
 
