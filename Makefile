@@ -107,5 +107,5 @@ bench-go: db-start $(TEST_BIN)
 	$(BENCH_GO_ENV) $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench 'ReqLatency' ./relay/
 	$(BENCH_GO_ENV) BUZZ_BENCH_DURATION=30s BUZZ_BENCH_RATES=$(FANOUT_RATES) \
 	  $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench 'FanoutCrossProcess' -benchtime 1x -timeout 30m ./tests/
-	$(BENCH_GO_ENV) $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench 'Snapshot' -benchtime 1x -timeout 30m ./listener/ ./tests/
-	$(BENCH_GO_ENV) $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench 'ReminderLateness' -benchtime 1x -timeout 30m ./listener/
+	$(BENCH_GO_ENV) $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench 'Snapshot' -benchtime 1x -timeout 30m ./listener/visibility/ ./tests/
+	$(BENCH_GO_ENV) $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench 'ReminderLateness' -benchtime 1x -timeout 30m ./listener/reminders/

@@ -47,7 +47,7 @@ func TestEventLargerOutgoingThanTheQueueReachesTheSubscriber(t *testing.T) {
 		t.Fatalf("test premise: the outgoing EVENT is %d bytes, within the queue", out)
 	}
 
-	tr.s.Deliver(publicDelivery(&ev)) // what the replication tail hands over
+	tr.s.DeliverEvent(publicDelivery(&ev)) // what the replication tail hands over
 	m := sub.read()
 	if sub.verb(m) != "EVENT" || str(m[1]) != "s" {
 		t.Fatalf("subscriber got %.200s, want the EVENT", joinRaw(m))

@@ -28,7 +28,7 @@ func TestRefusedCountEndsTheREQOfItsID(t *testing.T) {
 			t.Fatalf("COUNT answered %s, want CLOSED s %q...", joinRaw(m), wantPrefix)
 		}
 		ev := signed(sk, 1, "after the CLOSED "+nonce(), nostr.Now())
-		tr.s.Deliver(publicDelivery(&ev))
+		tr.s.DeliverEvent(publicDelivery(&ev))
 		barrierNone(t, c, "s")
 	}
 

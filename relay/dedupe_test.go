@@ -50,7 +50,7 @@ func storeRows(t *testing.T, tr *testRelay, pk string, n int) ([]nostr.Event, ui
 // subscription sub gets it live.
 func sentLive(t *testing.T, tr *testRelay, c *client, sub string, ev *nostr.Event, xid uint32) {
 	t.Helper()
-	tr.s.Deliver(storedDelivery(ev, xid))
+	tr.s.DeliverEvent(storedDelivery(ev, xid))
 	if got := c.nextEvent(sub); got.ID != ev.ID {
 		t.Fatalf("live event %s on %s, want %s", got.ID, sub, ev.ID)
 	}
@@ -73,7 +73,7 @@ func TestAnsweredEventsAreNotSentLive(t *testing.T) {
 		t.Fatalf("initial answer has %d rows, want %d", len(got), len(evs))
 	}
 	for i := range evs {
-		tr.s.Deliver(storedDelivery(&evs[i], xid))
+		tr.s.DeliverEvent(storedDelivery(&evs[i], xid))
 	}
 	syncNone(t, c, "big")
 
@@ -99,7 +99,7 @@ func TestPassedOverEventsAreNotSentLive(t *testing.T) {
 		t.Fatalf("answer has %d rows (want 10, without the deleted one)", len(got))
 	}
 	for i := range evs {
-		tr.s.Deliver(storedDelivery(&evs[i], xid))
+		tr.s.DeliverEvent(storedDelivery(&evs[i], xid))
 	}
 	syncNone(t, c, "cut")
 }
@@ -114,13 +114,13 @@ func TestEventDeliveredBeforeItsCommitIsVisibleIsReplayed(t *testing.T) {
 	ctx := context.Background()
 	_, pk := testenv.NewKey()
 	seen, seenXid := storeRows(t, tr, pk, 1)
-	tr.s.Deliver(storedDelivery(&seen[0], seenXid))
+	tr.s.DeliverEvent(storedDelivery(&seen[0], seenXid))
 
 	tx, pending, xid := openPendingRow(t, tr, pk)
-	tr.s.Deliver(storedDelivery(&pending, xid))
+	tr.s.DeliverEvent(storedDelivery(&pending, xid))
 	_, stranger := testenv.NewKey()
 	private := nostr.Event{ID: randHex64(), PubKey: pk, CreatedAt: nostr.Now(), Kind: 1, Tags: nostr.Tags{}}
-	tr.s.Deliver(evt.Delivery{Event: &private, Scope: evt.Scope{Kind: evt.ScopeP, P: stranger}, Xid: xid})
+	tr.s.DeliverEvent(evt.Delivery{Event: &private, Scope: evt.Scope{Kind: evt.ScopeP, P: stranger}, Xid: xid})
 
 	c := tr.dial(t)
 	got := c.req("s", nostr.Filter{Authors: []string{pk}})
@@ -137,12 +137,12 @@ func TestEventDeliveredBeforeItsCommitIsVisibleIsReplayed(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	tr.s.Deliver(storedDelivery(&pending, xid)) // resent after a stream break
+	tr.s.DeliverEvent(storedDelivery(&pending, xid)) // resent after a stream break
 	syncNone(t, c, "s")
 }
 
 // subSnapshot returns the snapshot subscription id of tr's only connection holds (nil if none).
-func subSnapshot(tr *testRelay, id string) *pgSnapshot {
+func subSnapshot(tr *testRelay, id string) *mvccSnapshot {
 	for _, sc := range tr.s.snapshotConns() {
 		sc.mu.Lock()
 		sub := sc.subs[id]
@@ -174,7 +174,7 @@ func TestSubscriptionDropsItsSnapshotPastItsWALPosition(t *testing.T) {
 		t.Fatal("test premise: the snapshot misreads an xid 2^31 ahead as seen")
 	}
 	later, _ := storeRows(t, tr, pk, 1)
-	tr.s.Deliver(evt.Delivery{Event: &later[0], Scope: evt.Scope{Kind: evt.ScopePublic}, Xid: far, CommitLSN: snap.walPos + 1})
+	tr.s.DeliverEvent(evt.Delivery{Event: &later[0], Scope: evt.Scope{Kind: evt.ScopePublic}, Xid: far, CommitLSN: snap.walPos + 1})
 	if got := c.nextEvent("long"); got.ID != later[0].ID {
 		t.Fatalf("live event %s, want %s", got.ID, later[0].ID)
 	}
@@ -190,7 +190,7 @@ func TestReplayKeepsWhatWasDeliveredAtRegistration(t *testing.T) {
 	tr := startRelay(t, nil)
 	_, pk := testenv.NewKey()
 	_, pending, xid := openPendingRow(t, tr, pk)
-	tr.s.Deliver(storedDelivery(&pending, xid))
+	tr.s.DeliverEvent(storedDelivery(&pending, xid))
 
 	reached, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
@@ -203,7 +203,7 @@ func TestReplayKeepsWhatWasDeliveredAtRegistration(t *testing.T) {
 	_, other := testenv.NewKey()
 	for i := 0; i < recentMaxEntries+10; i++ { // pushes the pending event out of the kept window
 		ev := nostr.Event{ID: randHex64(), PubKey: other, CreatedAt: nostr.Now(), Kind: 1, Tags: nostr.Tags{}}
-		tr.s.Deliver(storedDelivery(&ev, xid+1))
+		tr.s.DeliverEvent(storedDelivery(&ev, xid+1))
 	}
 	close(release)
 	got, closed := c.collect("s")
@@ -238,7 +238,7 @@ func dmEventWhoseLookupFails(t *testing.T) (tr *testRelay, a, b party) {
 	}
 	t.Cleanup(func() { tx.Rollback(ctx) })
 	pending, xid := pendingRow(t, tx, a.pk)
-	tr.s.Deliver(evt.Delivery{Event: &pending, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}, Xid: xid})
+	tr.s.DeliverEvent(evt.Delivery{Event: &pending, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}, Xid: xid})
 	var once sync.Once
 	var taken atomic.Bool // set on a connection's goroutine, read by the cleanup
 	t.Cleanup(hooks.Set("relay.req.queried", func(context.Context) {
@@ -364,7 +364,7 @@ func TestStreamResetDropsSnapshots(t *testing.T) {
 	if subSnapshot(tr, "s") == nil {
 		t.Fatal("no snapshot after the query")
 	}
-	tr.s.Deliver(evt.Delivery{Members: &evt.MembersChange{All: true}, Reset: true})
+	tr.s.StreamRestarted()
 	if subSnapshot(tr, "s") != nil {
 		t.Fatal("the snapshot outlived a stream reset")
 	}
@@ -397,11 +397,11 @@ func TestLiveDuringQueryNotResentAfterAFlood(t *testing.T) {
 	c := tr.dial(t)
 	c.sendJSON("REQ", "s", nostr.Filter{Authors: []string{pk}})
 	<-reached // the query has read the row; the rows are not sent yet
-	tr.s.Deliver(storedDelivery(&evs[0], xid))
+	tr.s.DeliverEvent(storedDelivery(&evs[0], xid))
 	flood := seenPerSub + 100
 	for i := 0; i < flood; i++ {
 		ev := nostr.Event{ID: randHex64(), PubKey: pk, CreatedAt: nostr.Now(), Kind: 1, Tags: nostr.Tags{}}
-		tr.s.Deliver(storedDelivery(&ev, xid+1))
+		tr.s.DeliverEvent(storedDelivery(&ev, xid+1))
 	}
 	close(release)
 	got, closed := c.collect("s")
@@ -424,15 +424,15 @@ func TestReplayAfterAFloodSendsTheEventOnce(t *testing.T) {
 	tr := startRelay(t, nil)
 	_, pk := testenv.NewKey()
 	_, pending, xid := openPendingRow(t, tr, pk)
-	tr.s.Deliver(storedDelivery(&pending, xid))
+	tr.s.DeliverEvent(storedDelivery(&pending, xid))
 
 	var once sync.Once
 	defer hooks.Set("relay.req.queried", func(context.Context) {
 		once.Do(func() {
-			tr.s.Deliver(storedDelivery(&pending, xid)) // resent by the stream: goes out live
-			for i := 0; i < seenPerSub+100; i++ {       // and then pushes it out of seen
+			tr.s.DeliverEvent(storedDelivery(&pending, xid)) // resent by the stream: goes out live
+			for i := 0; i < seenPerSub+100; i++ {            // and then pushes it out of seen
 				ev := nostr.Event{ID: randHex64(), PubKey: pk, CreatedAt: nostr.Now(), Kind: 1, Tags: nostr.Tags{}}
-				tr.s.Deliver(storedDelivery(&ev, xid+1))
+				tr.s.DeliverEvent(storedDelivery(&ev, xid+1))
 			}
 		})
 	})()

@@ -13,40 +13,62 @@ import (
 	"github.com/buzzpg/buzzpg/internal/metrics"
 )
 
-// Deliver fans one event out to every matching live subscription this process holds, after the
-// read gate. It never waits for a client: a connection whose send queue is full is closed as a
-// slow reader. The only wait is a member-set lookup for a DM not seen before that a subscription here matches (then cached until
-// an operator's edit of its member rows is announced, which Deliver also receives, and checks
-// against one snapshot read). A lookup that fails, or that cannot see an announced edit yet
-// (however long a synchronous standby keeps its commit invisible), is retried until it succeeds
-// or the server shuts down: the replication stream (our caller) waits, and acknowledges nothing
-// past this event meanwhile, instead of losing a gated event its members are subscribed to or
-// giving it to a member the edit removed.
-func (s *Server) Deliver(d evt.Delivery) {
-	if d.Members != nil {
-		if d.Reset {
-			s.members.dropPending()
-		}
-		s.members.forget(*d.Members, d.Xid)
-		if d.Reset {
-			s.dropSnapshots()
-			return
-		}
-		s.settleSoon()
-		return
-	}
+// live is one delivery on its way to connections: an event, or a due signal (due, with its
+// stamp). A due signal carries no transaction id: no query answered it, it is always new.
+type live struct {
+	evt.Delivery
+	due   bool
+	stamp int64
+}
+
+// DeliverEvent fans one stored or ephemeral event out to every matching live subscription this
+// process holds, after the read gate (deliver).
+func (s *Server) DeliverEvent(d evt.Delivery) { s.deliver(live{Delivery: d}) }
+
+// DeliverDue fans a reminder's due signal out to its author's matching live subscriptions: due
+// signals are author-only (docs/protocol.md), whatever scope their emitter wrote.
+func (s *Server) DeliverDue(d evt.Due) {
+	author := evt.Scope{Kind: evt.ScopeAuthor}
+	s.deliver(live{Delivery: evt.Delivery{Event: d.Event, Scope: author, CommitLSN: d.CommitLSN}, due: true, stamp: d.Stamp})
+}
+
+// MembersChanged forgets the cached member sets of the channels whose rows changed; the check of
+// the pending forgets against a fresh snapshot runs off the delivery goroutine (settleSoon).
+func (s *Server) MembersChanged(c evt.MembersChange) {
+	s.members.forget(c, c.Xid)
+	s.settleSoon()
+}
+
+// StreamRestarted forgets every member set and every subscription's query snapshot: the stream
+// restarted on a new slot, so member edits announced meanwhile were lost, and transaction ids and
+// WAL positions from before it say nothing about what comes next.
+func (s *Server) StreamRestarted() {
+	s.members.dropPending()
+	s.members.forget(evt.MembersChange{All: true}, 0)
+	s.dropSnapshots()
+}
+
+// deliver never waits for a client: a connection whose send queue is full is closed as a slow
+// reader. The only wait is a member-set lookup for a DM not seen before that a subscription here
+// matches (then cached until an operator's edit of its member rows is announced, which
+// MembersChanged receives, and checks against one snapshot read). A lookup that fails, or that
+// cannot see an announced edit yet (however long a synchronous standby keeps its commit
+// invisible), is retried until it succeeds or the server shuts down: the replication stream (our
+// caller) waits, and acknowledges nothing past this event meanwhile, instead of losing a gated
+// event its members are subscribed to or giving it to a member the edit removed.
+func (s *Server) deliver(d live) {
 	if d.Event == nil || expired(d.Event, timeNow().Unix()) {
 		return // NIP-40: an event that expired while it travelled (replication lag) is not served
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			s.log.Error("panic in Deliver", "panic", p, "id", d.Event.ID)
+			s.log.Error("panic in deliver", "panic", p, "id", d.Event.ID)
 		}
 	}()
 	ix := newTagIndex(d.Event)
-	if d.Xid != 0 && !d.Due && !isEphemeral(d.Event.Kind) {
+	if d.Xid != 0 && !d.due && !isEphemeral(d.Event.Kind) {
 		// Kept before any connection sees it, for a REQ whose query misses it (recentStored).
-		s.recent.add(d, ix, timeNow())
+		s.recent.add(d.Delivery, ix, timeNow())
 	}
 	var members []string
 	if d.Scope.Kind == evt.ScopeChannel {
@@ -58,7 +80,7 @@ func (s *Server) Deliver(d evt.Delivery) {
 			return
 		}
 		var ok bool
-		if members, ok = s.deliveryMembers(d); !ok {
+		if members, ok = s.deliveryMembers(d.Delivery); !ok {
 			return // shutting down
 		}
 	}
@@ -70,7 +92,7 @@ func (s *Server) Deliver(d evt.Delivery) {
 		return ok
 	}
 	var js []byte // built on first match, shared by all connections
-	for _, c := range s.recipients(d, members) {
+	for _, c := range s.recipients(d.Delivery, members) {
 		if !d.Scope.Readable(d.Event.PubKey, c.authedList(), isMember) {
 			continue
 		}
@@ -145,15 +167,15 @@ func (s *Server) deliveryMembers(d evt.Delivery) (members []string, ok bool) {
 // check until its copy is queued, as in sendLocked, so nothing goes to one that a CLOSE or a REQ
 // of the same id ended meanwhile. c.mu serializes deliveries, so only this goroutine ever holds
 // more than one subscription's lock.
-func (c *conn) deliver(d evt.Delivery, js []byte, ix tagIndex) {
+func (c *conn) deliver(d live, js []byte, ix tagIndex) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if d.Due && c.dueSeenBefore(d) {
+	if d.due && c.dueSeenBefore(d) {
 		return
 	}
 	cp := liveCopies{d: d, js: js, ix: ix, id: keyOf(d.Event.ID)}
 	defer cp.unlock()
-	if d.Due {
+	if d.due {
 		// I6 (docs/design.md) and docs/protocol.md: no connection receives a due signal twice.
 		for _, sub := range c.dueCandidates() {
 			if cp.take(sub); len(cp.msgs) > 0 {
@@ -172,7 +194,7 @@ func (c *conn) deliver(d evt.Delivery, js []byte, ix tagIndex) {
 		c.overflow(why)
 		return
 	}
-	if d.Due {
+	if d.due {
 		metrics.ReminderDueDelivered.Add(float64(len(cp.msgs)))
 	}
 }
@@ -180,8 +202,8 @@ func (c *conn) deliver(d evt.Delivery, js []byte, ix tagIndex) {
 // dueSeenBefore reports whether this connection had d's due signal already, and notes it. A due
 // signal re-sends an event the subscription has already seen: it bypasses the id de-dup and is
 // de-duplicated per connection by (id, stamp) instead. Caller holds c.mu.
-func (c *conn) dueSeenBefore(d evt.Delivery) bool {
-	k := dueKey{id: keyOf(d.Event.ID), stamp: d.Stamp}
+func (c *conn) dueSeenBefore(d live) bool {
+	k := dueKey{id: keyOf(d.Event.ID), stamp: d.stamp}
 	if c.dueSeen.has(k) {
 		return true
 	}
@@ -219,7 +241,7 @@ func (c *conn) dueCandidates() []*subscription {
 // liveCopies gathers one event's copies for the subscriptions of one connection that take it,
 // holding each of those subscriptions locked until unlock.
 type liveCopies struct {
-	d      evt.Delivery
+	d      live
 	js     []byte
 	ix     tagIndex
 	id     idKey
@@ -237,12 +259,12 @@ func (cp *liveCopies) take(sub *subscription) {
 	// An event the query's snapshot saw was answered or passed over by the filters with a
 	// query; one that also matches a filter with limit 0 is new to that filter, unless a
 	// row already sent it (at most once per subscription).
-	if sub.closed || (sub.answered(cp.d) && (!liveOnly || sub.sentAsRow(cp.id, cp.d, cp.ix))) || (!cp.d.Due && !sub.seen.add(cp.id)) {
+	if sub.closed || (sub.answered(cp.d.Delivery) && (!liveOnly || sub.sentAsRow(cp.id, cp.d.Delivery, cp.ix))) || (!cp.d.due && !sub.seen.add(cp.id)) {
 		sub.mu.Unlock()
 		return
 	}
 	cp.locked = append(cp.locked, sub)
-	if sub.sentLive != nil && !cp.d.Due && len(sub.sentLive) < sentLiveMax {
+	if sub.sentLive != nil && !cp.d.due && len(sub.sentLive) < sentLiveMax {
 		sub.sentLive[cp.id] = struct{}{}
 	}
 	cp.msgs = append(cp.msgs, eventMessage(sub.prefix, cp.js))
@@ -268,7 +290,7 @@ func (sub *subscription) remindersOnly() bool {
 // anySubscriptionMatches reports whether a subscription of an authenticated connection (only
 // they can be members of a DM) matches d, before any read gate. Only the connections the interest
 // index names can hold one.
-func (s *Server) anySubscriptionMatches(d evt.Delivery, ix tagIndex) bool {
+func (s *Server) anySubscriptionMatches(d live, ix tagIndex) bool {
 	for _, c := range s.interest.candidates(d.Event) {
 		if len(c.authedList()) > 0 && c.anySubMatches(d, ix) {
 			return true
@@ -277,9 +299,9 @@ func (s *Server) anySubscriptionMatches(d evt.Delivery, ix tagIndex) bool {
 	return false
 }
 
-// anySubMatches: the unlock is deferred so that a panic in matching (recovered by Deliver) cannot
+// anySubMatches: the unlock is deferred so that a panic in matching (recovered by deliver) cannot
 // leave c.mu held, which would stall all live delivery at this connection's next event.
-func (c *conn) anySubMatches(d evt.Delivery, ix tagIndex) bool {
+func (c *conn) anySubMatches(d live, ix tagIndex) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, sub := range c.subs {
@@ -292,9 +314,9 @@ func (c *conn) anySubMatches(d evt.Delivery, ix tagIndex) bool {
 
 // matching reports whether d matches one of s's filters, and whether one of those it matches had
 // no initial query (limit 0): for that one d is live whatever the query's snapshot saw.
-func (s *subscription) matching(d evt.Delivery, ix tagIndex) (matched, liveOnly bool) {
+func (s *subscription) matching(d live, ix tagIndex) (matched, liveOnly bool) {
 	for _, f := range s.filters {
-		if f.matchesIndexed(d.Event, ix, d.Due) {
+		if f.matchesIndexed(d.Event, ix, d.due) {
 			matched = true
 			if f.limit <= 0 {
 				return true, true
@@ -314,19 +336,20 @@ func (s *subscription) hasQueried() bool {
 	return false
 }
 
-// matchesQueried reports whether d matches a filter that had an initial query.
+// matchesQueried reports whether d matches a filter that had an initial query. Only a stored
+// event can be answered by a query, so d is never a due signal.
 func (s *subscription) matchesQueried(d evt.Delivery, ix tagIndex) bool {
 	for _, f := range s.filters {
-		if f.limit > 0 && f.matchesIndexed(d.Event, ix, d.Due) {
+		if f.limit > 0 && f.matchesIndexed(d.Event, ix, false) {
 			return true
 		}
 	}
 	return false
 }
 
-func (s *subscription) matchesAny(d evt.Delivery, ix tagIndex) bool {
+func (s *subscription) matchesAny(d live, ix tagIndex) bool {
 	for _, f := range s.filters {
-		if f.matchesIndexed(d.Event, ix, d.Due) {
+		if f.matchesIndexed(d.Event, ix, d.due) {
 			return true
 		}
 	}

@@ -20,9 +20,9 @@ func TestLiveDeliverySkipsExpiredEvents(t *testing.T) {
 	now := nostr.Now()
 	exp := func(at nostr.Timestamp) nostr.Tag { return nostr.Tag{"expiration", strconv.FormatInt(int64(at), 10)} }
 	gone := signed(sk, 1, "expired in transit", now-5, exp(now-1))
-	tr.s.Deliver(publicDelivery(&gone))
+	tr.s.DeliverEvent(publicDelivery(&gone))
 	fresh := signed(sk, 1, "still valid", now-5, exp(now+3600))
-	tr.s.Deliver(publicDelivery(&fresh))
+	tr.s.DeliverEvent(publicDelivery(&fresh))
 	if got := c.nextEvent("live"); got.ID != fresh.ID {
 		t.Fatalf("first live event %q, want %q", got.Content, fresh.Content)
 	}

@@ -31,7 +31,7 @@ func TestDueSignalOncePerConnectionAcrossSubscriptions(t *testing.T) {
 		t.Fatalf("second connection: initial answer has %d reminders", len(got))
 	}
 
-	tr.s.Deliver(evt.Delivery{Event: &rem, Scope: evt.Scope{Kind: evt.ScopeAuthor}, Due: true, Stamp: 7})
+	tr.s.DeliverDue(evt.Due{Event: &rem, Stamp: 7})
 
 	// Everything Deliver enqueued precedes a fresh REQ's EOSE.
 	received := func(c *client) map[string]int {

@@ -155,7 +155,7 @@ func TestReadGates(t *testing.T) {
 			}
 		}
 		m2 := signed(a.sk, 9, "again", nostr.Now(), nostr.Tag{"h", ch})
-		tr.s.Deliver(evt.Delivery{Event: &m2, Scope: scopeC})
+		tr.s.DeliverEvent(evt.Delivery{Event: &m2, Scope: scopeC})
 		if got := b.c.nextEvent("live"); got.ID != m2.ID {
 			t.Fatalf("member got %s", got.ID)
 		}
@@ -164,7 +164,7 @@ func TestReadGates(t *testing.T) {
 		// Authenticating later as a member opens the live gate on the same subscription.
 		anon.c.mustAuth(b.sk, tr.url)
 		m3 := signed(a.sk, 9, "third", nostr.Now(), nostr.Tag{"h", ch})
-		tr.s.Deliver(evt.Delivery{Event: &m3, Scope: scopeC})
+		tr.s.DeliverEvent(evt.Delivery{Event: &m3, Scope: scopeC})
 		if got := anon.c.nextEvent("live"); got.ID != m3.ID {
 			t.Fatalf("newly authenticated member got %s", got.ID)
 		}
@@ -235,7 +235,7 @@ func TestReadGates(t *testing.T) {
 		}
 		sameIDs(t, "viewer's initial answer", b.c.req("snaplive", nostr.Filter{Kinds: []int{30622}}), snapV)
 		next := signed(tr.relay, 30622, "", nostr.Now()+1, nostr.Tag{"d", b.pk}, nostr.Tag{"p", b.pk})
-		tr.s.Deliver(evt.Delivery{Event: &next, Scope: evt.Scope{Kind: evt.ScopeP, P: b.pk}})
+		tr.s.DeliverEvent(evt.Delivery{Event: &next, Scope: evt.Scope{Kind: evt.ScopeP, P: b.pk}})
 		if ev := b.c.nextEvent("snaplive"); ev.ID != next.ID {
 			t.Fatal("viewer did not get its snapshot live")
 		}
@@ -265,14 +265,14 @@ func TestReadGates(t *testing.T) {
 			t.Fatalf("a non-author's initial answer has %d reminders (first by %.8s)", len(got), got[0].PubKey)
 		}
 		scope := evt.Scope{Kind: evt.ScopeAuthor}
-		tr.s.Deliver(evt.Delivery{Event: &rem, Scope: scope, Due: true, Stamp: 7})
-		tr.s.Deliver(evt.Delivery{Event: &rem, Scope: scope, Due: true, Stamp: 7})
+		tr.s.DeliverDue(evt.Due{Event: &rem, Stamp: 7})
+		tr.s.DeliverDue(evt.Due{Event: &rem, Stamp: 7})
 		if ev := a.c.nextEvent("due"); ev.ID != rem.ID {
 			t.Fatal("due not delivered")
 		}
 		syncNone(t, a.c, "due") // the second signal with the same stamp was dropped
 		syncNone(t, b.c, "due")
-		tr.s.Deliver(evt.Delivery{Event: &rem, Scope: scope, Due: true, Stamp: 8})
+		tr.s.DeliverDue(evt.Due{Event: &rem, Stamp: 8})
 		if ev := a.c.nextEvent("due"); ev.ID != rem.ID {
 			t.Fatal("a new stamp was not delivered")
 		}
@@ -282,7 +282,7 @@ func TestReadGates(t *testing.T) {
 		if err := tr.pool.QueryRow(context.Background(), `SELECT xmin::text::bigint FROM buzz.events WHERE id = $1`, rem.ID).Scan(&xid); err != nil {
 			t.Fatal(err)
 		}
-		tr.s.Deliver(evt.Delivery{Event: &rem, Scope: scope, Xid: uint32(xid)})
+		tr.s.DeliverEvent(evt.Delivery{Event: &rem, Scope: scope, Xid: uint32(xid)})
 		syncNone(t, a.c, "rem-live")
 	})
 
@@ -310,10 +310,10 @@ func TestReadGates(t *testing.T) {
 			t.Fatalf("initial answer: %d events, want none (a stored no kind 1)", len(got))
 		}
 		x := signed(other.sk, 1, "x", nostr.Now())
-		tr.s.Deliver(publicDelivery(&x))
+		tr.s.DeliverEvent(publicDelivery(&x))
 		syncNone(t, b.c, "nobody")
 		y := signed(a.sk, 1, "y", nostr.Now())
-		tr.s.Deliver(publicDelivery(&y))
+		tr.s.DeliverEvent(publicDelivery(&y))
 		if got := b.c.nextEvent("nobody"); got.ID != y.ID {
 			t.Fatalf("the subscription got %s, want %s", got.ID, y.ID)
 		}

@@ -19,7 +19,7 @@ type storedRow struct {
 // queryStored reads the initial rows of filters, newest first, de-duplicated across filters, and
 // the snapshot they were read in. held is what the rows took from the process-wide budget; the
 // caller gives it back once they are sent.
-func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out []storedRow, held int64, snap *pgSnapshot, err error) {
+func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out []storedRow, held int64, snap *mvccSnapshot, err error) {
 	sql, args := reqSQL(filters, c.authedList())
 	if sql == "" {
 		return nil, 0, nil, nil
@@ -60,7 +60,7 @@ type initialAnswer struct {
 // readInSnapshot reads the rows of the query sql into ans, and the snapshot they were read in:
 // both come from one transaction, so from one snapshot, and all four statements go in one round
 // trip.
-func (c *conn) readInSnapshot(ctx context.Context, pc *pgxpool.Conn, sql string, args []any, ans *initialAnswer) (snap *pgSnapshot, err error) {
+func (c *conn) readInSnapshot(ctx context.Context, pc *pgxpool.Conn, sql string, args []any, ans *initialAnswer) (snap *mvccSnapshot, err error) {
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY`)
 	b.Queue(`SELECT pg_current_snapshot()::text, pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint`)
@@ -100,13 +100,13 @@ func (c *conn) readInSnapshot(ctx context.Context, pc *pgxpool.Conn, sql string,
 }
 
 // scanSnapshot reads the transaction's snapshot and the WAL position it was taken at.
-func scanSnapshot(br pgx.BatchResults) (*pgSnapshot, error) {
+func scanSnapshot(br pgx.BatchResults) (*mvccSnapshot, error) {
 	var snapText string
 	var walPos int64
 	if err := br.QueryRow().Scan(&snapText, &walPos); err != nil {
 		return nil, err
 	}
-	snap, err := parseSnapshot(snapText)
+	snap, err := parseMVCCSnapshot(snapText)
 	if err != nil {
 		return nil, err
 	}

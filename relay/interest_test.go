@@ -196,7 +196,7 @@ func TestInterestCountsEachFilterOfAConnection(t *testing.T) {
 // deliverExpect hands m to live delivery and waits for it on c's subscription "live".
 func deliverExpect(tr *testRelay, c *client, m nostr.Event, scope evt.Scope) {
 	c.t.Helper()
-	tr.s.Deliver(evt.Delivery{Event: &m, Scope: scope})
+	tr.s.DeliverEvent(evt.Delivery{Event: &m, Scope: scope})
 	if got := c.nextEvent("live"); got.ID != m.ID {
 		c.t.Fatalf("live event %s, want %s", got.ID, m.ID)
 	}

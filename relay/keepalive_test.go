@@ -107,7 +107,7 @@ func TestSilentClientIsClosedThoughEventsTrickleToIt(t *testing.T) {
 	base := int64(nostr.Now())
 	for i := 0; time.Now().Before(deadline); i++ {
 		ev := signed(sk, 1, "trickle", nostr.Timestamp(base+int64(i)))
-		tr.s.Deliver(publicDelivery(&ev))
+		tr.s.DeliverEvent(publicDelivery(&ev))
 		select {
 		case cc := <-tr.closed:
 			if i == 0 {

@@ -21,9 +21,9 @@ func TestRowAlsoMatchingALimitZeroFilterIsNotSentAgainLive(t *testing.T) {
 	if snap := subSnapshot(tr, "s"); snap == nil || !snap.sees(xid) {
 		t.Fatal("test premise: the query's snapshot saw the event")
 	}
-	tr.s.Deliver(storedDelivery(&evs[0], xid))
+	tr.s.DeliverEvent(storedDelivery(&evs[0], xid))
 	sentinel, sxid := storeRows(t, tr, pk, 1)
-	tr.s.Deliver(storedDelivery(&sentinel[0], sxid))
+	tr.s.DeliverEvent(storedDelivery(&sentinel[0], sxid))
 	if got := c.nextEvent("s"); got.ID != sentinel[0].ID {
 		t.Fatalf("next live event %s, want the sentinel %s (the answered row was sent twice)", got.ID[:8], sentinel[0].ID[:8])
 	}
@@ -38,9 +38,9 @@ func TestLimitZeroFilterGetsWhatTheQueriedFilterPassedOver(t *testing.T) {
 	c := tr.dial(t)
 	sameIDs(t, "initial answer", c.req("s", nostr.Filter{Authors: []string{pk}, Limit: 1},
 		nostr.Filter{Authors: []string{pk}, LimitZero: true}), evs[0])
-	tr.s.Deliver(storedDelivery(&evs[0], xid)) // answered: not again
-	sentLive(t, tr, c, "s", &evs[2], xid)      // passed over: live for the limit-0 filter
-	tr.s.Deliver(storedDelivery(&evs[2], xid)) // and only once
+	tr.s.DeliverEvent(storedDelivery(&evs[0], xid)) // answered: not again
+	sentLive(t, tr, c, "s", &evs[2], xid)           // passed over: live for the limit-0 filter
+	tr.s.DeliverEvent(storedDelivery(&evs[2], xid)) // and only once
 	sentinel, sxid := storeRows(t, tr, pk, 1)
 	sentLive(t, tr, c, "s", &sentinel[0], sxid)
 }
@@ -57,7 +57,7 @@ func TestRowsBeyondTheKeptIdsAreNotSentAgainLive(t *testing.T) {
 		t.Fatalf("initial answer has %d rows, want %d", len(got), len(evs))
 	}
 	for i := range evs {
-		tr.s.Deliver(storedDelivery(&evs[i], xid))
+		tr.s.DeliverEvent(storedDelivery(&evs[i], xid))
 	}
 	sentinel, sxid := storeRows(t, tr, pk, 1)
 	sentLive(t, tr, c, "s", &sentinel[0], sxid)

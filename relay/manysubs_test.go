@@ -62,7 +62,7 @@ func TestOneLargeEventReachesEveryMatchingSubscription(t *testing.T) {
 		if one > tr.s.cfg.SendQueueBytes || manySubs*one <= 2*tr.s.cfg.SendQueueBytes {
 			t.Fatalf("test premise: one copy is %d bytes, the queue %d", one, tr.s.cfg.SendQueueBytes)
 		}
-		tr.s.Deliver(publicDelivery(&ev))
+		tr.s.DeliverEvent(publicDelivery(&ev))
 		got := map[string]bool{}
 		for len(got) < manySubs {
 			m, err := c.tryRead(readTimeout)
@@ -129,7 +129,7 @@ func TestReaderThatStopsIsClosedDespiteManySubscriptions(t *testing.T) {
 	for i := 1; ; i++ {
 		ev := signed(sk, 1, strings.Repeat("x", 60000), nostr.Timestamp(int64(nostr.Now())+int64(i)))
 		one := len(eventMessage(eventPrefix("m0"), eventJSON(&ev)))
-		tr.s.Deliver(publicDelivery(&ev))
+		tr.s.DeliverEvent(publicDelivery(&ev))
 		sc.q.mu.Lock()
 		size, closed := sc.q.size, sc.q.closed
 		sc.q.mu.Unlock()

@@ -94,8 +94,8 @@ func TestConnectionFilterValuesCap(t *testing.T) {
 		return signed(sk, 1, content, nostr.Now(), append(tags, nostr.Tag{"t", last})...)
 	}
 	miss, hit := manyTags("miss", "y"), manyTags("hit", "x")
-	tr.s.Deliver(publicDelivery(&miss))
-	tr.s.Deliver(publicDelivery(&hit))
+	tr.s.DeliverEvent(publicDelivery(&miss))
+	tr.s.DeliverEvent(publicDelivery(&hit))
 	if got := c.nextEvent("small"); got.ID != hit.ID {
 		t.Fatalf("first live event %q, want %q", got.Content, hit.Content)
 	}

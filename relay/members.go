@@ -186,7 +186,7 @@ func (mc *memberCache) load(ctx context.Context, pool *pgxpool.Pool, channels []
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	snap, err := parseSnapshot(snapText)
+	snap, err := parseMVCCSnapshot(snapText)
 	if err != nil {
 		return nil, err
 	}

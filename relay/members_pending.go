@@ -43,7 +43,7 @@ func (mc *memberCache) begin() (epoch uint64, pending []pendingForget) {
 // so every later snapshot sees them too. Unseen ones are placed (full) and stay, without limit
 // of time. Their number is bounded by the server's backends: every forget checks them all
 // (settle), and each still unseen then is a transaction in flight, holding a backend.
-func (mc *memberCache) sawForgets(snap *pgSnapshot, began []pendingForget) bool {
+func (mc *memberCache) sawForgets(snap *mvccSnapshot, began []pendingForget) bool {
 	now := timeNow()
 	var oldest *pendingForget
 	unseen := func(p *pendingForget) {
@@ -86,7 +86,7 @@ func (mc *memberCache) sawForgets(snap *pgSnapshot, began []pendingForget) bool 
 	return oldest == nil
 }
 
-func placed(snap *pgSnapshot, p pendingForget) int64 {
+func placed(snap *mvccSnapshot, p pendingForget) int64 {
 	if p.full != 0 {
 		return p.full
 	}
@@ -106,7 +106,7 @@ func (mc *memberCache) settle(ctx context.Context, pool *pgxpool.Pool) error {
 	if err := pool.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(&snapText); err != nil {
 		return err
 	}
-	snap, err := parseSnapshot(snapText)
+	snap, err := parseMVCCSnapshot(snapText)
 	if err != nil {
 		return err
 	}

@@ -70,7 +70,7 @@ func TestDeliveryRetriesAFailedMemberLookup(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		tr.s.Deliver(evt.Delivery{Event: &m, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}})
+		tr.s.DeliverEvent(evt.Delivery{Event: &m, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}})
 	}()
 	select {
 	case <-retried:
@@ -134,8 +134,8 @@ func TestPendingForgetCountsOnlyForSnapshotsThatSeeIt(t *testing.T) {
 	}
 	_, beganOlder := mc.begin()
 	_, beganNewer := mc.begin()
-	older := &pgSnapshot{xmin: 100, xmax: 101, xip: []uint64{100}}
-	newer := &pgSnapshot{xmin: 101, xmax: 101}
+	older := &mvccSnapshot{xmin: 100, xmax: 101, xip: []uint64{100}}
+	newer := &mvccSnapshot{xmin: 101, xmax: 101}
 	if !mc.sawForgets(newer, beganNewer) {
 		t.Fatal("a snapshot that sees the edit did not count")
 	}
@@ -155,12 +155,12 @@ func TestPendingForgetKeepsItsPlace(t *testing.T) {
 	const full = uint64(5)<<32 + 100
 	mc.forget(evt.MembersChange{All: true}, uint32(full&0xffffffff))
 	_, began := mc.begin()
-	if mc.sawForgets(&pgSnapshot{xmin: full, xmax: full + 1, xip: []uint64{full}}, began) {
+	if mc.sawForgets(&mvccSnapshot{xmin: full, xmax: full + 1, xip: []uint64{full}}, began) {
 		t.Fatal("a snapshot with the edit's transaction running counted")
 	}
 	later := uint64(1)<<31 + 20
 	_, began = mc.begin()
-	if !mc.sawForgets(&pgSnapshot{xmin: full + later - 10, xmax: full + later}, began) {
+	if !mc.sawForgets(&mvccSnapshot{xmin: full + later - 10, xmax: full + later}, began) {
 		t.Fatal("a snapshot 2^31 transactions later does not see the edit")
 	}
 }
@@ -181,7 +181,7 @@ func TestDeliveryLookupsDoNotUseTheAcceptancePool(t *testing.T) {
 	defer release()
 	m := signed(a.sk, 9, "while acceptance is busy", nostr.Now(), nostr.Tag{"h", ch})
 	done := testenv.Async(func() {
-		tr.s.Deliver(evt.Delivery{Event: &m, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}})
+		tr.s.DeliverEvent(evt.Delivery{Event: &m, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}})
 	})
 	select {
 	case <-done:
@@ -211,7 +211,7 @@ func TestDeliveryLooksUpMembersOnlyForAMatch(t *testing.T) {
 	defer release()
 	deliver := func(m nostr.Event) <-chan struct{} {
 		return testenv.Async(func() {
-			tr.s.Deliver(evt.Delivery{Event: &m, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}})
+			tr.s.DeliverEvent(evt.Delivery{Event: &m, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}})
 		})
 	}
 
@@ -264,11 +264,11 @@ func TestMemberLookupWaitsForAnAnnouncedEdit(t *testing.T) {
 	stale := make(chan struct{})
 	var once sync.Once
 	defer hooks.Set("relay.members.stale", func(context.Context) { once.Do(func() { close(stale) }) })()
-	tr.s.Deliver(evt.Delivery{Members: &evt.MembersChange{Channels: []string{ch}}, Xid: uint32(xid)})
+	tr.s.MembersChanged(evt.MembersChange{Channels: []string{ch}, Xid: uint32(xid)})
 
 	m := signed(a.sk, 9, "after b was removed", nostr.Now(), nostr.Tag{"h", ch})
 	done := testenv.Async(func() {
-		tr.s.Deliver(evt.Delivery{Event: &m, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}})
+		tr.s.DeliverEvent(evt.Delivery{Event: &m, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}})
 	})
 	select {
 	case <-stale:
@@ -325,11 +325,11 @@ func TestMemberLookupWaitsWhileAnEditStaysInvisible(t *testing.T) {
 		default:
 		}
 	})()
-	tr.s.Deliver(evt.Delivery{Members: &evt.MembersChange{Channels: []string{ch}}, Xid: uint32(xid)})
+	tr.s.MembersChanged(evt.MembersChange{Channels: []string{ch}, Xid: uint32(xid)})
 
 	m := signed(a.sk, 9, "after b was removed", nostr.Now(), nostr.Tag{"h", ch})
 	done := testenv.Async(func() {
-		tr.s.Deliver(evt.Delivery{Event: &m, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}})
+		tr.s.DeliverEvent(evt.Delivery{Event: &m, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}})
 	})
 	staleReads := func(n int64) {
 		t.Helper()
@@ -367,7 +367,7 @@ func TestMemberLookupWaitsWhileAnEditStaysInvisible(t *testing.T) {
 		t.Fatalf("cached set %v (cached: %v), want only a", set, ok)
 	}
 	m2 := signed(a.sk, 9, "later", nostr.Now(), nostr.Tag{"h", ch})
-	tr.s.Deliver(evt.Delivery{Event: &m2, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}})
+	tr.s.DeliverEvent(evt.Delivery{Event: &m2, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: ch}})
 	if got := a.c.nextEvent("live"); got.ID != m2.ID {
 		t.Fatalf("a got %s, want %s", got.ID, m2.ID)
 	}
@@ -452,10 +452,10 @@ func TestMemberEditAnnouncementDoesNotWaitForTheLookupPool(t *testing.T) {
 	done := testenv.Async(func() {
 		for i, xid := range xids { // a bulk edit: each announcement used to wait on its own check
 			ch := fmt.Sprintf("00000000-0000-4000-8000-%012d", i)
-			tr.s.Deliver(evt.Delivery{Members: &evt.MembersChange{Channels: []string{ch}}, Xid: uint32(xid)})
+			tr.s.MembersChanged(evt.MembersChange{Channels: []string{ch}, Xid: uint32(xid)})
 		}
 		ev := signed(nostr.GeneratePrivateKey(), 1, "public, after the edits", nostr.Now())
-		tr.s.Deliver(publicDelivery(&ev))
+		tr.s.DeliverEvent(publicDelivery(&ev))
 	})
 	select {
 	case <-done:

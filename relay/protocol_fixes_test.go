@@ -76,7 +76,7 @@ func TestMalformedREQEndsItsSubscription(t *testing.T) {
 			t.Fatalf("%s: %s, want CLOSED s %q", bad.raw, joinRaw(m), bad.reason)
 		}
 		ev := signed(sk, 1, "live after "+bad.raw, nostr.Now())
-		tr.s.Deliver(publicDelivery(&ev))
+		tr.s.DeliverEvent(publicDelivery(&ev))
 		if got := liveCounts(t, c); got["s"] != 0 || got["other"] != 1 {
 			t.Fatalf("after %s: live events per subscription %v, want none for the CLOSED s and one for other", bad.raw, got)
 		}
@@ -105,7 +105,7 @@ func TestSubIDLengthInCharacters(t *testing.T) {
 		t.Fatalf("id too long to echo: %s (%s), want a NOTICE", c.verb(m), str(m[len(m)-1]))
 	}
 	ev := signed(sk, 1, "live", nostr.Now())
-	tr.s.Deliver(publicDelivery(&ev))
+	tr.s.DeliverEvent(publicDelivery(&ev))
 	if got := liveCounts(t, c); got[id64] != 1 {
 		t.Fatalf("live events per subscription %v: the 64-character one must still receive", got)
 	}
@@ -118,7 +118,7 @@ func TestSubIDLengthInCharacters(t *testing.T) {
 		t.Fatalf("65 two-byte characters: %s", joinRaw(m))
 	}
 	ev2 := signed(sk, 1, "live again", nostr.Now())
-	tr.s.Deliver(publicDelivery(&ev2))
+	tr.s.DeliverEvent(publicDelivery(&ev2))
 	if got := liveCounts(t, c); got[id64] != 1 || got[wide] != 1 {
 		t.Fatalf("live events per subscription %v, want one for each", got)
 	}
@@ -139,7 +139,7 @@ func TestQueryPanicEndsItsSubscription(t *testing.T) {
 		t.Fatalf("REQ whose query panicked: CLOSED %q", closed)
 	}
 	ev := signed(sk, 1, "live", nostr.Now())
-	tr.s.Deliver(publicDelivery(&ev))
+	tr.s.DeliverEvent(publicDelivery(&ev))
 	syncNone(t, c, "s")
 	c.req("t", f) // the connection and its later REQs work
 }

@@ -144,7 +144,7 @@ func TestCloseAndReplace(t *testing.T) {
 			t.Fatalf("sync: %v %q", got, closed)
 		}
 	}
-	live := func(ev nostr.Event) { tr.s.Deliver(publicDelivery(&ev)) }
+	live := func(ev nostr.Event) { tr.s.DeliverEvent(publicDelivery(&ev)) }
 
 	sameIDs(t, "first REQ", c.req("s", nostr.Filter{Authors: []string{pk}, Kinds: []int{1}}), e1)
 	sameIDs(t, "replacing REQ", c.req("s", nostr.Filter{Authors: []string{pk}, Kinds: []int{7}}), e2)
@@ -215,15 +215,15 @@ func TestLiveDedupAroundInitialQuery(t *testing.T) {
 		if ok, msg, err := tr.s.acceptEvent(ctx, &during); err != nil || !ok {
 			t.Errorf("accept during: %v %s", err, msg)
 		}
-		tr.s.Deliver(publicDelivery(&during))
+		tr.s.DeliverEvent(publicDelivery(&during))
 	})
 	after := signed(sk, 1, "after", nostr.Timestamp(base+1))
 	remove2 := hooks.Set("relay.req.queried", func(ctx context.Context) {
 		// Replication lagging behind the query: "old" arrives live after being queried.
-		tr.s.Deliver(publicDelivery(&old))
+		tr.s.DeliverEvent(publicDelivery(&old))
 		// Committed after the query's snapshot: only the live subscription can carry it, so it
 		// is lost unless the subscription was registered before the query ran.
-		tr.s.Deliver(publicDelivery(&after))
+		tr.s.DeliverEvent(publicDelivery(&after))
 	})
 	got := c.req("s", nostr.Filter{Authors: []string{pk}})
 	remove1()
@@ -240,9 +240,9 @@ func TestLiveDedupAroundInitialQuery(t *testing.T) {
 		t.Fatalf("want each event once, got %v", seen)
 	}
 	// And later live deliveries of the same ids are dropped too.
-	tr.s.Deliver(publicDelivery(&old))
+	tr.s.DeliverEvent(publicDelivery(&old))
 	fresh := signed(sk, 1, "fresh", nostr.Timestamp(base+2))
-	tr.s.Deliver(publicDelivery(&fresh))
+	tr.s.DeliverEvent(publicDelivery(&fresh))
 	if ev := c.nextEvent("s"); ev.ID != fresh.ID {
 		t.Fatalf("re-delivered %s", ev.Content)
 	}
@@ -373,7 +373,7 @@ func TestFailedREQDoesNotCloseItsReplacement(t *testing.T) {
 	close(goOn)
 	<-ended
 	live := signed(sk, 1, "live", nostr.Now())
-	tr.s.Deliver(publicDelivery(&live))
+	tr.s.DeliverEvent(publicDelivery(&live))
 	for {
 		m := c.read()
 		if len(m) < 2 || str(m[1]) != "x" {

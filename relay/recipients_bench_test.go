@@ -101,7 +101,7 @@ func BenchmarkUnwantedEvents(b *testing.B) {
 		c.req("feed", nostr.Filter{Kinds: []int{1, 6, 7}, Authors: follows, Limit: 1})
 	}
 	dm := nostr.Event{ID: randHex64(), Kind: 9, Tags: nostr.Tags{{"h", "00000000-0000-4000-8000-000000000000"}}}
-	dmd := evt.Delivery{Event: &dm, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: dm.Tags[0][1]}}
+	dmd := live{Delivery: evt.Delivery{Event: &dm, Scope: evt.Scope{Kind: evt.ScopeChannel, Channel: dm.Tags[0][1]}}}
 	dmix := newTagIndex(&dm)
 	pub := nostr.Event{ID: randHex64(), Kind: 1, PubKey: randHex64(), Content: "nobody listens"}
 	pubd := evt.Delivery{Event: &pub, Scope: evt.Scope{Kind: evt.ScopePublic}}
@@ -128,10 +128,10 @@ func BenchmarkUnwantedEvents(b *testing.B) {
 		}, 0},
 		{"pub_walk", func() {
 			for _, c := range tr.s.snapshotConns() {
-				c.deliver(pubd, pubJS, nil)
+				c.deliver(live{Delivery: pubd}, pubJS, nil)
 			}
 		}, 0},
-		{"pub_index", func() { tr.s.Deliver(pubd) }, 0},
+		{"pub_index", func() { tr.s.DeliverEvent(pubd) }, 0},
 	}
 	const perRound = 200
 	b.ResetTimer()
@@ -152,7 +152,7 @@ func BenchmarkUnwantedEvents(b *testing.B) {
 
 // walkAuthed is the DM pre-check before the interest index: every authenticated connection's
 // subscriptions, matched one by one.
-func walkAuthed(s *Server, d evt.Delivery, ix tagIndex) bool {
+func walkAuthed(s *Server, d live, ix tagIndex) bool {
 	s.mu.RLock()
 	var conns []*conn
 	for _, set := range s.byPubkey {

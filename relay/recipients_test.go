@@ -46,7 +46,7 @@ func TestScopedDeliveryReachesItsReadersOnly(t *testing.T) {
 		{"unknown scope", evt.Scope{Kind: 'x'}, carol.pk, nil},
 	} {
 		ev := nostr.Event{ID: randHex64(), PubKey: tc.author, CreatedAt: nostr.Now(), Kind: 1, Tags: nostr.Tags{{"t", tag}}}
-		tr.s.Deliver(evt.Delivery{Event: &ev, Scope: tc.scope})
+		tr.s.DeliverEvent(evt.Delivery{Event: &ev, Scope: tc.scope})
 		for _, name := range all {
 			c := clients[name]
 			if slices.Contains(tc.want, name) {

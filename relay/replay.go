@@ -45,7 +45,7 @@ func (c *conn) replayUnseen(sub *subscription, unseen []evt.Delivery) bool {
 
 // unseenBy keeps the deliveries whose transactions snap did not see (none without a snapshot:
 // there was no query to miss them).
-func unseenBy(snap *pgSnapshot, ds []evt.Delivery) []evt.Delivery {
+func unseenBy(snap *mvccSnapshot, ds []evt.Delivery) []evt.Delivery {
 	if snap == nil {
 		return nil
 	}

@@ -98,10 +98,10 @@ func TestSeenWindowShrinksAtEOSE(t *testing.T) {
 		t.Fatalf("window after EOSE: %d ids, want %d", window, seenAfterEOSE)
 	}
 	ev := signed(sk, 1, "twice", nostr.Now())
-	tr.s.Deliver(publicDelivery(&ev))
+	tr.s.DeliverEvent(publicDelivery(&ev))
 	if got := c.nextEvent("s"); got.ID != ev.ID {
 		t.Fatalf("live event %s, want %s", got.ID, ev.ID)
 	}
-	tr.s.Deliver(publicDelivery(&ev))
+	tr.s.DeliverEvent(publicDelivery(&ev))
 	syncNone(t, c, "s")
 }

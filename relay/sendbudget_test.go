@@ -104,7 +104,7 @@ func budgetRun(t *testing.T, tr *testRelay, slowIPs []string, slowN int, fastIP 
 		var ids []string
 		for j := 0; j < 2; j++ {
 			ev := signed(sk, 1, content, nostr.Timestamp(int64(nostr.Now())+int64(2*i+j)))
-			tr.s.Deliver(publicDelivery(&ev))
+			tr.s.DeliverEvent(publicDelivery(&ev))
 			ids = append(ids, ev.ID)
 		}
 		for _, id := range ids {

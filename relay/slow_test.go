@@ -102,7 +102,7 @@ func TestSlowReaderClosed(t *testing.T) {
 	for i := 0; i < n; i++ {
 		ev := signed(sk, 1, content, nostr.Timestamp(int64(nostr.Now())+int64(i)))
 		start := time.Now()
-		tr.s.Deliver(publicDelivery(&ev))
+		tr.s.DeliverEvent(publicDelivery(&ev))
 		if d := time.Since(start); d > 2*time.Second {
 			t.Fatalf("Deliver blocked for %s", d)
 		}

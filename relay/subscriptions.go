@@ -29,7 +29,7 @@ type subscription struct {
 	// then be sent twice. Bounded by
 	// sentLiveMax (past it, seen alone decides).
 	sentLive map[idKey]struct{}
-	snap     *pgSnapshot // the initial query's; nil until it has run (or when it had nothing to read)
+	snap     *mvccSnapshot // the initial query's; nil until it has run (or when it had nothing to read)
 	// rows holds the ids of the initial rows sent, while snap is held, in a subscription that
 	// mixes filters with limit 0 and filters with a query (keepRows): a live event its snapshot saw
 	// is new to the limit-0 filters, unless a row already sent it (sentAsRow). Bounded by
@@ -50,9 +50,10 @@ type subscription struct {
 
 // answered reports whether the initial query's snapshot saw d's transaction: the query answered
 // the event or passed over it. Only stored events: ephemeral ones and due signals are never in an
-// answer. The first delivery committed past the snapshot's WAL position ends the snapshot's use
-// (every later one is unseen): a subscription open for days holds no snapshot, and no xid is
-// read against one from more than 2^31 transactions ago. Caller holds s.mu.
+// answer (a due signal carries no xid). The first delivery committed past the snapshot's WAL
+// position ends the snapshot's use (every later one is unseen): a subscription open for days
+// holds no snapshot, and no xid is read against one from more than 2^31 transactions ago. Caller
+// holds s.mu.
 func (s *subscription) answered(d evt.Delivery) bool {
 	if s.snap == nil {
 		return false
@@ -61,7 +62,7 @@ func (s *subscription) answered(d evt.Delivery) bool {
 		s.dropSnapshot()
 		return false
 	}
-	return d.Xid != 0 && !d.Due && !isEphemeral(d.Event.Kind) && s.snap.sees(d.Xid)
+	return d.Xid != 0 && !isEphemeral(d.Event.Kind) && s.snap.sees(d.Xid)
 }
 
 // dropSnapshot forgets the query's snapshot and what only it needed. Caller holds s.mu.

@@ -8,7 +8,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/testenv"
-	"github.com/buzzpg/buzzpg/listener"
+	"github.com/buzzpg/buzzpg/listener/fanout"
 )
 
 // startFanoutRelays starts n `buzzpg serve` processes on one database with one relay key.
@@ -139,7 +139,7 @@ func TestFanoutWalsenderKilledAcrossProcesses(t *testing.T) {
 		var pid int
 		err := pool.QueryRow(context.Background(),
 			`SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND backend_type = 'walsender'`,
-			listener.ApplicationName(rs[1].InstanceID)).Scan(&pid)
+			fanout.ApplicationName(rs[1].InstanceID)).Scan(&pid)
 		if err != nil {
 			t.Fatalf("walsender of %s: %v", rs[1].InstanceID, err)
 		}
@@ -177,7 +177,7 @@ func TestFanoutKilledProcessSlotIsReaped(t *testing.T) {
 	dbURL := testenv.DB(t)
 	rs := startFanoutRelays(t, dbURL, 3, map[string]string{"BUZZ_SLOT_STALE_AFTER": stale.String()})
 	pool := testenv.Pool(t, dbURL)
-	slot := listener.SlotName(rs[2].InstanceID)
+	slot := fanout.SlotName(rs[2].InstanceID)
 	slotExists := func() bool {
 		t.Helper()
 		// A failed query fails the test: it must not read as "reaped" and end the loop below.
@@ -233,7 +233,7 @@ func TestFanoutGracefulStopDropsSlot(t *testing.T) {
 		}
 		return n
 	}
-	slot := listener.SlotName(r.InstanceID)
+	slot := fanout.SlotName(r.InstanceID)
 	if count(`SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, slot) != 1 {
 		t.Fatalf("slot %s missing while the process runs", slot)
 	}

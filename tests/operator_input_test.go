@@ -22,7 +22,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/testenv"
-	"github.com/buzzpg/buzzpg/listener"
+	"github.com/buzzpg/buzzpg/listener/visibility"
 )
 
 // opinFixture is what the bad calls aim at: rows each one would have changed before 0022.
@@ -49,7 +49,7 @@ func opinSnapshot(t testing.TB, pool *pgxpool.Pool, sk, viewer string) (generati
 		FROM buzz.visibility_source($1)`, viewer).Scan(&generation, &hidden, &floor, &now); err != nil {
 		t.Fatal(err)
 	}
-	ev := listener.BuildSnapshot(viewer, hidden, max(now, floor+1))
+	ev := visibility.BuildSnapshot(viewer, hidden, max(now, floor+1))
 	if err := ev.Sign(sk); err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/buzzpg/buzzpg/internal/testenv"
-	"github.com/buzzpg/buzzpg/listener"
+	"github.com/buzzpg/buzzpg/listener/fanout"
+	"github.com/buzzpg/buzzpg/listener/visibility"
 )
 
 // shutdownBound is README's worst case of a graceful shutdown (the BUZZ_SHUTDOWN_GRACE row):
@@ -87,7 +88,7 @@ func TestShutdownReleasesClaimsAndSlotSideBySide(t *testing.T) {
 	if st := remGet(t, pool, h.rem).State; st != "armed" {
 		t.Errorf("reminder after a graceful shutdown is %s, want armed (rolled back, not held for the lease)", st)
 	}
-	slot := listener.SlotName(h.r.InstanceID)
+	slot := fanout.SlotName(h.r.InstanceID)
 	if n := testenv.MustInt(t, pool, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, slot); n != 0 {
 		t.Errorf("slot %s survived a graceful shutdown", slot)
 	}
@@ -112,11 +113,11 @@ func startHolding(t *testing.T, pool *pgxpool.Pool, serveURL string, grace time.
 	t.Helper()
 	hookDir := t.TempDir()
 	r := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: serveURL, HookDir: hookDir,
-		Hooks: []string{listener.HookBeforeFence, "reminder.after_claim"},
+		Hooks: []string{visibility.HookBeforeFence, "reminder.after_claim"},
 		Env:   map[string]string{"BUZZ_SHUTDOWN_GRACE": grace.String(), "BUZZ_LEASE": "1h", "BUZZ_REMINDER_LEASE": "1h"}})
 	viewer, ch := snapSQLDM(t, pool)
 	snapExec(t, pool, `SELECT buzz.hide_dm($1, $2::uuid)`, viewer, ch)
-	testenv.WaitHook(t, hookDir, listener.HookBeforeFence, 30*time.Second)
+	testenv.WaitHook(t, hookDir, visibility.HookBeforeFence, 30*time.Second)
 	rem := remDue(t, pool)
 	testenv.WaitHook(t, hookDir, "reminder.after_claim", 30*time.Second)
 	if st := remGet(t, pool, rem.ID).State; st != "claimed" {

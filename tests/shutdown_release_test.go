@@ -12,7 +12,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/buzzpg/buzzpg/internal/testenv"
-	"github.com/buzzpg/buzzpg/listener"
+	"github.com/buzzpg/buzzpg/listener/visibility"
 )
 
 // A graceful shutdown whose client drain uses up BUZZ_SHUTDOWN_GRACE still gives back the
@@ -24,12 +24,12 @@ func TestShutdownAfterALongDrainReleasesClaims(t *testing.T) {
 	ctx := context.Background()
 	hookDir := t.TempDir()
 	r := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: dbURL, HookDir: hookDir,
-		Hooks: []string{listener.HookBeforeFence},
+		Hooks: []string{visibility.HookBeforeFence},
 		Env:   map[string]string{"BUZZ_SHUTDOWN_GRACE": "1s", "BUZZ_LEASE": "1h"}})
 
 	viewer, ch := snapSQLDM(t, pool)
 	snapExec(t, pool, `SELECT buzz.hide_dm($1, $2::uuid)`, viewer, ch)
-	testenv.WaitHook(t, hookDir, listener.HookBeforeFence, 30*time.Second) // the publisher holds the claim
+	testenv.WaitHook(t, hookDir, visibility.HookBeforeFence, 30*time.Second) // the publisher holds the claim
 
 	// A client that never answers the close handshake keeps the drain busy for the whole grace.
 	ws, _, err := websocket.DefaultDialer.Dial(r.URL, nil)

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/buzzpg/buzzpg/internal/testenv"
-	"github.com/buzzpg/buzzpg/listener"
+	"github.com/buzzpg/buzzpg/listener/visibility"
 )
 
 // claimAudit records every claim of a visibility outbox row: which claim id took it, until when,
@@ -91,7 +91,7 @@ func TestSnapshotServeCrashHoldingClaimRecovered(t *testing.T) {
 	for i := range relays {
 		relays[i] = testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: dbURL, RelayKey: relayKey, Env: env,
 			InstanceID: fmt.Sprintf("crash%d_%d", i, time.Now().UnixNano()%1e9),
-			HookDir:    dirs[i], Hooks: []string{listener.HookBeforeFence}})
+			HookDir:    dirs[i], Hooks: []string{visibility.HookBeforeFence}})
 	}
 
 	viewer, ch := snapSQLDM(t, pool)
@@ -103,9 +103,9 @@ func TestSnapshotServeCrashHoldingClaimRecovered(t *testing.T) {
 
 	// Whichever process claimed the row stops at the hook: that one dies.
 	x := -1
-	testenv.WaitUntil(t, 30*time.Second, "a process at "+listener.HookBeforeFence, func() bool {
+	testenv.WaitUntil(t, 30*time.Second, "a process at "+visibility.HookBeforeFence, func() bool {
 		for i, d := range dirs {
-			if _, err := os.Stat(filepath.Join(d, listener.HookBeforeFence+".reached")); err == nil {
+			if _, err := os.Stat(filepath.Join(d, visibility.HookBeforeFence+".reached")); err == nil {
 				x = i
 				return true
 			}
@@ -113,7 +113,7 @@ func TestSnapshotServeCrashHoldingClaimRecovered(t *testing.T) {
 		return false
 	})
 	y := 1 - x
-	testenv.ReleaseHook(t, dirs[y], listener.HookBeforeFence) // the survivor passes its hook
+	testenv.ReleaseHook(t, dirs[y], visibility.HookBeforeFence) // the survivor passes its hook
 	relays[x].Kill()
 	if code := relays[x].ExitCode(); code != -1 {
 		t.Fatalf("the claimer exited with %d, want death by signal", code)

@@ -13,7 +13,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/testenv"
-	"github.com/buzzpg/buzzpg/listener"
+	"github.com/buzzpg/buzzpg/listener/visibility"
 )
 
 // openDM opens a DM between the client's user and other over the relay and returns its id.
@@ -121,37 +121,37 @@ func TestSnapshotServeStalePublisherAcrossProcesses(t *testing.T) {
 	snapExec(t, pool, `SELECT buzz.bump_visibility($1)`, viewer)
 	g0, _ := snapGens(t, pool, viewer)
 	early := testenv.MustScalar[int64](t, pool, `SELECT buzz.now_unix()`) - 30
-	// B is this test process: it signs and publishes through listener.PublishSigned.
+	// B is this test process: it signs and publishes through visibility.PublishSigned.
 	signed := func(hidden []string, created int64) *nostr.Event {
 		t.Helper()
-		ev := listener.BuildSnapshot(viewer, hidden, created)
+		ev := visibility.BuildSnapshot(viewer, hidden, created)
 		if err := ev.Sign(relayKey); err != nil {
 			t.Fatal(err)
 		}
 		return ev
 	}
-	if out, err := listener.PublishSigned(ctx, pool, viewer, g0, signed(nil, early)); err != nil || out != listener.OutcomePublished {
+	if out, err := visibility.PublishSigned(ctx, pool, viewer, g0, signed(nil, early)); err != nil || out != visibility.OutcomePublished {
 		t.Fatalf("initial head: %q %v", out, err)
 	}
 
 	hookDir := t.TempDir()
 	a := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: dbURL, RelayKey: relayKey,
-		HookDir: hookDir, Hooks: []string{listener.HookBeforeFence}})
+		HookDir: hookDir, Hooks: []string{visibility.HookBeforeFence}})
 	snapExec(t, pool, `SELECT buzz.hide_dm($1, $2::uuid)`, viewer, x) // g = {X}
 	g, _ := snapGens(t, pool, viewer)
-	testenv.WaitHook(t, hookDir, listener.HookBeforeFence, 30*time.Second) // A holds g = {X}
+	testenv.WaitHook(t, hookDir, visibility.HookBeforeFence, 30*time.Second) // A holds g = {X}
 
 	snapExec(t, pool, `SELECT buzz.unhide_dm($1, $2::uuid)`, viewer, x) // g+1 = {}
-	src, err := listener.ReadSource(ctx, pool, viewer)
+	src, err := visibility.ReadSource(ctx, pool, viewer)
 	if err != nil || src.Generation != g+1 || len(src.Hidden) != 0 {
 		t.Fatalf("source %+v %v", src, err)
 	}
-	if out, err := listener.PublishSigned(ctx, pool, viewer, src.Generation, signed(src.Hidden, early+1)); err != nil || out != listener.OutcomePublished {
+	if out, err := visibility.PublishSigned(ctx, pool, viewer, src.Generation, signed(src.Hidden, early+1)); err != nil || out != visibility.OutcomePublished {
 		t.Fatalf("B: %q %v", out, err)
 	}
 	headB, _ := snapHead(t, pool, viewer)
 
-	testenv.ReleaseHook(t, hookDir, listener.HookBeforeFence)
+	testenv.ReleaseHook(t, hookDir, visibility.HookBeforeFence)
 	testenv.WaitUntil(t, 20*time.Second, "A's outcome in its log", func() bool {
 		return snapLogHas(a, `"msg":"snapshot stale"`, viewer) || snapLogHas(a, `"msg":"snapshot published"`, viewer)
 	})

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/buzzpg/buzzpg/listener"
+	"github.com/buzzpg/buzzpg/listener/fanout"
 )
 
 // readyEvery is how long one database check answers /readyz. The public /readyz is open to
@@ -22,14 +22,14 @@ const readyCheckTimeout = 2 * time.Second
 
 // ready is what /readyz answers, on the public listener and on the operator's one.
 type ready struct {
-	db      *cachedCheck     // ping + schema, shared by every probe
-	fanout  *listener.Fanout // nil without the relay
-	closing atomic.Bool      // set as shutdown begins
+	db      *cachedCheck   // ping + schema, shared by every probe
+	fanout  *fanout.Fanout // nil without the relay
+	closing atomic.Bool    // set as shutdown begins
 }
 
 // newReady checks the database on pool, which should be the process's own small health pool:
 // a saturated acceptance pool makes requests wait, it does not make PostgreSQL unreachable.
-func newReady(pool *pgxpool.Pool, fanout *listener.Fanout) *ready {
+func newReady(pool *pgxpool.Pool, fanout *fanout.Fanout) *ready {
 	return &ready{
 		db:     newCachedCheck(readyEvery, func(ctx context.Context) (string, error) { return dbReadiness(ctx, pool) }),
 		fanout: fanout,

@@ -22,7 +22,10 @@ import (
 	"github.com/buzzpg/buzzpg/internal/hooks"
 	"github.com/buzzpg/buzzpg/internal/metrics"
 	"github.com/buzzpg/buzzpg/internal/store"
-	"github.com/buzzpg/buzzpg/listener"
+	// The package is aliased: serve names its fan-out variable fanout.
+	fanoutpkg "github.com/buzzpg/buzzpg/listener/fanout"
+	"github.com/buzzpg/buzzpg/listener/reminders"
+	"github.com/buzzpg/buzzpg/listener/visibility"
 	"github.com/buzzpg/buzzpg/relay"
 )
 
@@ -213,7 +216,7 @@ func serve(cfg serveConfig, log *slog.Logger) (err error) {
 
 	var (
 		srv    *relay.Server
-		fanout *listener.Fanout
+		fanout *fanoutpkg.Fanout
 	)
 	if !cfg.NoRelay {
 		srv, err = relay.New(relay.Config{
@@ -246,14 +249,14 @@ func serve(cfg serveConfig, log *slog.Logger) (err error) {
 			return err
 		}
 		srv.SetLookupPool(lookup)
-		fanout = listener.NewFanout(listener.FanoutConfig{
+		fanout = fanoutpkg.New(fanoutpkg.Config{
 			DatabaseURL: cfg.DatabaseURL,
 			InstanceID:  cfg.InstanceID,
 			StaleAfter:  cfg.SlotStaleAfter,
 			Logger:      log,
 		}, lpool, srv)
 	}
-	publisher := listener.NewPublisher(listener.PublisherConfig{
+	publisher := visibility.NewPublisher(visibility.Config{
 		InstanceID:     cfg.InstanceID,
 		RelaySecretKey: sk,
 		SweepInterval:  cfg.SweepInterval,
@@ -262,7 +265,7 @@ func serve(cfg serveConfig, log *slog.Logger) (err error) {
 		Logger:         log,
 		DatabaseURL:    cfg.DatabaseURL,
 	}, lpool)
-	scheduler := listener.NewScheduler(listener.SchedulerConfig{
+	scheduler := reminders.NewScheduler(reminders.Config{
 		InstanceID:  cfg.InstanceID,
 		Lease:       cfg.ReminderLease,
 		BatchSize:   cfg.ReminderBatch,
@@ -557,7 +560,7 @@ func checkWalLevel(ctx context.Context, url string, fanout bool) error {
 		return err
 	}
 	defer conn.Close(context.Background())
-	if err := listener.CheckWalLevel(ctx, conn); err != nil || !fanout {
+	if err := fanoutpkg.CheckWalLevel(ctx, conn); err != nil || !fanout {
 		return err
 	}
 	// Checked here too, not only when the fan-out first streams: by then the process listens and

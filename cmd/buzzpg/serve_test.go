@@ -75,7 +75,7 @@ func TestServeEnvironmentIsParsedStrictly(t *testing.T) {
 		{"BUZZ_IP_MAX_SUBSCRIPTIONS", "0"},
 		{"BUZZ_SEND_BUDGET_MB", "3"},
 		{"BUZZ_SEND_IP_SHARE_MB", "-1"},
-		{"BUZZ_SEND_IP_SHARE_MB", "2048"}, // more than the 1024 MiB budget
+		{"BUZZ_SEND_IP_SHARE_MB", "2048"},                  // more than the 1024 MiB budget
 		{"BUZZ_MAX_FUTURE_SECONDS", "9223372036854775807"}, // now + it overflows, here and in accept_event
 		{"BUZZ_MAX_FUTURE_SECONDS", "315360001"},
 		{"BUZZ_QUERY_TIMEOUT", "600h"}, // beyond statement_timeout's range: every REQ would fail

@@ -6,7 +6,7 @@ package evt
 
 import "github.com/nbd-wtf/go-nostr"
 
-// ScopeKind is the read gate class of an event (PROTOCOL.md, "Read gates").
+// ScopeKind is the read gate class of an event (docs/protocol.md, Read gates).
 type ScopeKind byte
 
 const (
@@ -24,7 +24,7 @@ type Scope struct {
 }
 
 // MemberFunc reports whether pubkey is a member of channel. DM participant sets never change
-// through the protocol; an operator's edit of member rows is announced (Delivery.Members), so
+// through the protocol; an operator's edit of member rows is announced (Sink.MembersChanged), so
 // implementations may cache sets until then.
 type MemberFunc func(channel, pubkey string) bool
 
@@ -58,16 +58,11 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// Delivery is one event on its way to live subscriptions, from whatever source (logical
-// replication of buzz.events inserts, a transactional logical message for ephemeral events, or a
-// reminder due signal).
+// Delivery is one event on its way to live subscriptions: a stored one (logical replication of
+// buzz.events inserts) or an ephemeral one (a transactional logical message).
 type Delivery struct {
 	Event *nostr.Event
 	Scope Scope
-	// Due marks a NIP-ER due signal: match the filter ignoring since/until, de-duplicate per
-	// connection by (event id, Stamp) instead of per subscription by id.
-	Due   bool
-	Stamp int64
 	// Xid is the committing transaction's id (its low 32 bits, as logical decoding gives it; 0 if
 	// unknown). A subscription's initial query answered or passed over every event whose
 	// transaction its snapshot saw, so those are not delivered to it live.
@@ -75,21 +70,36 @@ type Delivery struct {
 	// CommitLSN is where the transaction's commit record is (0 if unknown). Deliveries come in
 	// commit order, so once one is past a REQ snapshot's WAL position, none after it was seen.
 	CommitLSN uint64
-	// Members, when set, is not an event (Event is nil): member rows of these channels changed
-	// (an operator's edit, sql/0014), and cached member sets of them must be forgotten.
-	Members *MembersChange
-	// Reset, with Members, says the replication stream restarted on a new slot: transaction ids
-	// and WAL positions from before it say nothing about what comes next.
-	Reset bool
 }
 
-// MembersChange names the channels whose member rows changed, or All of them (a TRUNCATE).
+// Due is a NIP-ER due signal: a reminder (kind 30300) sent again to its author's live
+// subscriptions when it comes due. It matches filters ignoring since/until, and a connection gets
+// it once per (event id, Stamp), however often it saw the event before.
+type Due struct {
+	Event *nostr.Event
+	Stamp int64
+	// CommitLSN is where the confirming transaction's commit record is, as for Delivery.
+	CommitLSN uint64
+}
+
+// MembersChange names the channels whose member rows changed (an operator's edit,
+// sql/0005_fanout), or All of them (a TRUNCATE): cached member sets of them must be forgotten.
 type MembersChange struct {
 	Channels []string
 	All      bool
+	Xid      uint32 // the transaction that changed them (0 if unknown)
 }
 
-// Sink receives deliveries; the relay implements it.
+// Sink receives what the replication stream hands over, in commit order; the relay implements it.
 type Sink interface {
-	Deliver(d Delivery)
+	// DeliverEvent hands over a stored or ephemeral event.
+	DeliverEvent(d Delivery)
+	// DeliverDue hands over a reminder's due signal.
+	DeliverDue(d Due)
+	// MembersChanged says member rows changed.
+	MembersChanged(c MembersChange)
+	// StreamRestarted says the stream restarted on a new slot: announcements sent meanwhile were
+	// lost (every cached member set is suspect), and transaction ids and WAL positions from before
+	// it say nothing about what comes next.
+	StreamRestarted()
 }

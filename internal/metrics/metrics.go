@@ -87,6 +87,9 @@ var (
 	FanoutDelivered = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "buzz_fanout_events_total", Help: "Events decoded from the replication stream, by source (insert, ephemeral, due).",
 	}, []string{"source"})
+	FanoutRejected = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "buzz_fanout_messages_rejected_total", Help: "Logical messages, or events in them, the fan-out ignored, by reason (malformed, bad_id, bad_signature).",
+	}, []string{"reason"})
 	FanoutReconnects = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "buzz_fanout_reconnects_total", Help: "Replication stream reconnects.",
 	})
@@ -139,6 +142,9 @@ func init() {
 	}
 	for _, v := range []string{"insert", "ephemeral", "due"} {
 		FanoutDelivered.WithLabelValues(v)
+	}
+	for _, v := range []string{"malformed", "bad_id", "bad_signature"} {
+		FanoutRejected.WithLabelValues(v)
 	}
 	for _, v := range []string{"EVENT", "AUTH", "REQ", "COUNT"} {
 		RateLimited.WithLabelValues(v)
