@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/buzzpg/buzzpg/internal/wsclient"
 	"github.com/nbd-wtf/go-nostr"
 )
 
@@ -100,7 +101,7 @@ func fanoutStep(cfg *Config, a, b string, rate float64, dur time.Duration) (Row,
 	got := map[string]bool{}
 	var okErrs Errors
 	var oks atomic.Int64
-	sub, err := Dial(b, Handlers{OnEvent: func(s string, ev *nostr.Event, _ []byte, at time.Time) {
+	sub, err := wsclient.Dial(b, wsclient.Handlers{OnEvent: func(s string, ev *nostr.Event, at time.Time) {
 		i, ok := idx[ev.ID]
 		if !ok {
 			return
@@ -124,8 +125,8 @@ func fanoutStep(cfg *Config, a, b string, rate float64, dur time.Duration) (Row,
 	if err := sub.Req("fan", 10*time.Second, nostr.Filter{Kinds: []int{1}, Tags: nostr.TagMap{"t": {tag}}}); err != nil {
 		return Row{}, false, err
 	}
-	cs, err := dialAll([]string{a}, pubs, nil, func(int) Handlers {
-		return Handlers{OnOK: func(o OK) {
+	cs, err := dialAll([]string{a}, pubs, nil, func(int) wsclient.Handlers {
+		return wsclient.Handlers{OnOK: func(o wsclient.OK) {
 			if _, ok := idx[o.ID]; !ok {
 				return
 			}

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/buzzpg/buzzpg/internal/wsclient"
 	"github.com/nbd-wtf/go-nostr"
 )
 
@@ -345,10 +346,10 @@ func (v *victimStats) rows(label string) []Row {
 // runVictims runs the victim connections against url for dur, connection i from ips[i] ("" = any),
 // adding to v.
 func runVictims(v *victimStats, url string, users []User, ips []string, dur time.Duration) error {
-	cs := make([]*Client, len(users))
+	cs := make([]*wsclient.Client, len(users))
 	defer closeAll(cs)
 	for i := range cs {
-		c, err := DialFrom(url, ips[i], Handlers{}, 10*time.Second)
+		c, err := wsclient.DialFrom(url, ips[i], wsclient.Handlers{}, 10*time.Second)
 		if err != nil {
 			return fmt.Errorf("victim connect %s from %q: %w", url, ips[i], err)
 		}
@@ -375,7 +376,7 @@ func runVictims(v *victimStats, url string, users []User, ips []string, dur time
 				case err != nil:
 					v.ev.Add(time.Since(t0))
 					v.evErrs.Add(errClass(err))
-					if errors.Is(err, ErrClosed) {
+					if errors.Is(err, wsclient.ErrClosed) {
 						return
 					}
 				default:
@@ -390,7 +391,7 @@ func runVictims(v *victimStats, url string, users []User, ips []string, dur time
 				v.req.Add(time.Since(t1))
 				if err != nil {
 					v.reqErrs.Add(errClass(err))
-					if errors.Is(err, ErrClosed) {
+					if errors.Is(err, wsclient.ErrClosed) {
 						return
 					}
 				}
@@ -413,9 +414,9 @@ func runVictims(v *victimStats, url string, users []User, ips []string, dur time
 // ("rate-limited: ..."), "timeout" or "closed".
 func errClass(err error) string {
 	switch {
-	case errors.Is(err, ErrTimeout):
+	case errors.Is(err, wsclient.ErrTimeout):
 		return "timeout"
-	case errors.Is(err, ErrClosed):
+	case errors.Is(err, wsclient.ErrClosed):
 		return "closed"
 	}
 	s := err.Error()
@@ -473,8 +474,8 @@ func (f *floodStats) run(url, localIP string, evs []*nostr.Event, cursor *int, d
 			time.Sleep(50 * time.Millisecond)
 		}
 		sem := make(chan struct{}, floodWindow)
-		c, err := DialFrom(url, localIP, Handlers{
-			OnOK: func(o OK) {
+		c, err := wsclient.DialFrom(url, localIP, wsclient.Handlers{
+			OnOK: func(o wsclient.OK) {
 				select {
 				case <-sem:
 				default:
@@ -519,7 +520,7 @@ func (f *floodStats) run(url, localIP string, evs []*nostr.Event, cursor *int, d
 						f.reqReplies.Add("eose")
 					} else {
 						f.reqReplies.Add(errClass(err))
-						if errors.Is(err, ErrClosed) {
+						if errors.Is(err, wsclient.ErrClosed) {
 							return
 						}
 					}

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/buzzpg/buzzpg/internal/wsclient"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nbd-wtf/go-nostr"
@@ -300,8 +301,8 @@ func Converge(cfg *Config) (*Result, error) {
 	for i := range sinks {
 		sinks[i] = &snapSink{ch: make(chan snapRecv, 4096)}
 	}
-	viewers, err := dialAll(cfg.Relays[:1], k, func(i int) string { return pairs[i].B.SK }, func(i int) Handlers {
-		return Handlers{OnEvent: func(sub string, ev *nostr.Event, _ []byte, at time.Time) {
+	viewers, err := dialAll(cfg.Relays[:1], k, func(i int) string { return pairs[i].B.SK }, func(i int) wsclient.Handlers {
+		return wsclient.Handlers{OnEvent: func(sub string, ev *nostr.Event, at time.Time) {
 			if ev.Kind == 30622 {
 				select {
 				case sinks[i].ch <- snapRecv{hiddenSet(ev), at}:
@@ -505,9 +506,9 @@ func Reminders(cfg *Config) (*Result, error) {
 	var okMu sync.Mutex
 	okTimes := map[string]time.Time{}
 	var oks atomic.Int64
-	cs, err := dialAll(cfg.Relays, authors, func(i int) string { return users[i].SK }, func(i int) Handlers {
-		return Handlers{
-			OnEvent: func(sub string, ev *nostr.Event, _ []byte, at time.Time) {
+	cs, err := dialAll(cfg.Relays, authors, func(i int) string { return users[i].SK }, func(i int) wsclient.Handlers {
+		return wsclient.Handlers{
+			OnEvent: func(sub string, ev *nostr.Event, at time.Time) {
 				if sub != "due" {
 					return
 				}
@@ -516,7 +517,7 @@ func Reminders(cfg *Config) (*Result, error) {
 				perConn[i][ev.ID]++
 				mu.Unlock()
 			},
-			OnOK: func(o OK) {
+			OnOK: func(o wsclient.OK) {
 				mu.Lock()
 				t0, ok := sendAt[o.ID]
 				mu.Unlock()
