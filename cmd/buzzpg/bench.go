@@ -325,15 +325,6 @@ func spawnRelays(n int, dbURL string, fresh bool, key string, logf func(string, 
 	return cleanup, urls, dbu, relayKey, spawn, nil
 }
 
-func withDB(u, name string) (string, error) {
-	p, err := url.Parse(u)
-	if err != nil {
-		return "", err
-	}
-	p.Path = "/" + name
-	return p.String(), nil
-}
-
 func createDatabase(serverURL, name string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -345,7 +336,7 @@ func createDatabase(serverURL, name string) (string, error) {
 	if _, err := c.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize()); err != nil {
 		return "", err
 	}
-	return withDB(serverURL, name)
+	return db.WithDatabase(serverURL, name)
 }
 
 func dropDatabase(serverURL, name string) {
@@ -356,15 +347,5 @@ func dropDatabase(serverURL, name string) {
 		return
 	}
 	defer c.Close(ctx)
-	_, _ = c.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database=$1 AND active_pid IS NOT NULL`, name)
-	for i := 0; i < 50; i++ {
-		_, _ = c.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database=$1 AND NOT active`, name)
-		var left int
-		_ = c.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE database=$1`, name).Scan(&left)
-		if left == 0 {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	_, _ = c.Exec(ctx, `DROP DATABASE IF EXISTS `+pgx.Identifier{name}.Sanitize()+` WITH (FORCE)`)
+	_ = db.DropDatabase(ctx, c, name)
 }
