@@ -82,8 +82,7 @@ func DM(cfg *Config) ([]*Result, error) {
 		return nil, err
 	}
 	defer pool.Close()
-	pairsPerWorker := 2
-	np := cfg.Conns * pairsPerWorker
+	np := cfg.Conns * dmPairsPerWorker
 	cfg.logf("dm: opening %d DMs (setup)", 6*np)
 	sets := make([][]dmPair, 6)
 	for i := range sets {
@@ -91,87 +90,18 @@ func DM(cfg *Config) ([]*Result, error) {
 			return nil, err
 		}
 	}
-	perWorker := cfg.N / cfg.Conns
-	if perWorker < 10 {
-		perWorker = 10
-	}
-	// build: worker w owns pairs w*pairsPerWorker.. and interleaves them.
-	build := func(pairs []dmPair, mix bool) [][]*nostr.Event {
-		out := make([][]*nostr.Event, cfg.Conns)
-		var wg sync.WaitGroup
-		for w := 0; w < cfg.Conns; w++ {
-			wg.Add(1)
-			go func(w int) {
-				defer wg.Done()
-				for k := 0; k < perWorker; k++ {
-					p := pairs[w*pairsPerWorker+k%pairsPerWorker]
-					step := (k / pairsPerWorker) % 10
-					h := nostr.Tags{{"h", p.Ch}}
-					var ev *nostr.Event
-					switch {
-					case mix && step == 0:
-						ev = p.B.Sign(41012, h, "")
-					case mix && step == 5:
-						ev = p.A.Sign(41012, h, "")
-					case step%2 == 1:
-						ev = p.A.Sign(9, h, "hello "+strconv.Itoa(k))
-					default:
-						ev = p.B.Sign(9, h, "hi "+strconv.Itoa(k))
-					}
-					out[w] = append(out[w], ev)
-				}
-			}(w)
-		}
-		wg.Wait()
-		return out
-	}
-	// buildResurface: per unit k of worker w, on pair w*pairsPerWorker+k%pairsPerWorker, B hides
-	// and then A sends a message, which clears that hide: every message resurfaces the DM for B.
+	perWorker := max(cfg.N/cfg.Conns, 10)
 	units := perWorker / 2
-	buildResurface := func(pairs []dmPair) [][]*nostr.Event {
-		out := make([][]*nostr.Event, cfg.Conns)
-		var wg sync.WaitGroup
-		for w := 0; w < cfg.Conns; w++ {
-			wg.Add(1)
-			go func(w int) {
-				defer wg.Done()
-				for k := 0; k < units; k++ {
-					p := pairs[w*pairsPerWorker+k%pairsPerWorker]
-					h := nostr.Tags{{"h", p.Ch}}
-					out[w] = append(out[w], p.B.Sign(41012, h, ""), p.A.Sign(9, h, "back "+strconv.Itoa(k)))
-				}
-			}(w)
-		}
-		wg.Wait()
-		return out
-	}
 	cfg.logf("dm: pre-signing %d events", 6*perWorker*cfg.Conns)
-	hotR, hotS, mixR, mixS := build(sets[0], false), build(sets[1], false), build(sets[2], true), build(sets[3], true)
-	resR, resS := buildResurface(sets[4]), buildResurface(sets[5])
+	hotR, hotS := dmSequences(cfg.Conns, sets[0], perWorker, false), dmSequences(cfg.Conns, sets[1], perWorker, false)
+	mixR, mixS := dmSequences(cfg.Conns, sets[2], perWorker, true), dmSequences(cfg.Conns, sets[3], perWorker, true)
+	resR, resS := dmResurfaceSequences(cfg.Conns, sets[4], units), dmResurfaceSequences(cfg.Conns, sets[5], units)
 
-	run := func(name string, relayEvs, sqlEvs [][]*nostr.Event, what string) (*Result, error) {
-		res := newResult(name, cfg)
-		cs, err := dialAll(cfg.Relays, cfg.Conns, nil, nil)
-		if err != nil {
-			return nil, err
-		}
-		cfg.logf("%s: relay run", name)
-		row := runWorkers(counts(relayEvs), cfg.Rate, cfg.Duration, publishJob(cs, relayEvs))
-		closeAll(cs)
-		row.Name, row.Conns = what+" via relay", cfg.Conns
-		cfg.logf("%s: SQL baseline", name)
-		base := runWorkers(counts(sqlEvs), cfg.Rate, cfg.Duration, sqlJob(pool, marshalAll(sqlEvs)))
-		base.Name, base.Conns, base.Baseline = "buzz.accept_event "+what, cfg.Conns, true
-		res.Rows = append(res.Rows, row, base)
-		res.Ratio = ratio(row.Rate, base.Rate)
-		res.RatioWhat = fmt.Sprintf("relay rate / accept_event rate, both with %d concurrent connections", cfg.Conns)
-		return res, nil
-	}
-	hot, err := run("dm-hot", hotR, hotS, "kind 9, no hides")
+	hot, err := dmRun(cfg, pool, "dm-hot", hotR, hotS, "kind 9, no hides")
 	if err != nil {
 		return nil, err
 	}
-	mix, err := run("dm-mix", mixR, mixS, "20% hide, 20% resurfacing")
+	mix, err := dmRun(cfg, pool, "dm-mix", mixR, mixS, "20% hide, 20% resurfacing")
 	if err != nil {
 		return nil, err
 	}
@@ -189,6 +119,82 @@ func DM(cfg *Config) ([]*Result, error) {
 			ratio(res.Rows[0].Rate, hot.Rows[1].Rate)))
 	}
 	return []*Result{hot, mix, res}, nil
+}
+
+// dmPairsPerWorker is how many DMs each worker of the dm scenario interleaves.
+const dmPairsPerWorker = 2
+
+// signPerWorker signs each of conns workers' sequences in parallel.
+func signPerWorker(conns int, sign func(w int) []*nostr.Event) [][]*nostr.Event {
+	out := make([][]*nostr.Event, conns)
+	var wg sync.WaitGroup
+	for w := 0; w < conns; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			out[w] = sign(w)
+		}(w)
+	}
+	wg.Wait()
+	return out
+}
+
+// dmSequences gives worker w n events on its pairs w*dmPairsPerWorker.., interleaved: messages
+// both ways, and with mix a hide by each side in every cycle of 10.
+func dmSequences(conns int, pairs []dmPair, n int, mix bool) [][]*nostr.Event {
+	return signPerWorker(conns, func(w int) []*nostr.Event {
+		var evs []*nostr.Event
+		for k := 0; k < n; k++ {
+			p := pairs[w*dmPairsPerWorker+k%dmPairsPerWorker]
+			step := (k / dmPairsPerWorker) % 10
+			h := nostr.Tags{{"h", p.Ch}}
+			switch {
+			case mix && step == 0:
+				evs = append(evs, p.B.Sign(41012, h, ""))
+			case mix && step == 5:
+				evs = append(evs, p.A.Sign(41012, h, ""))
+			case step%2 == 1:
+				evs = append(evs, p.A.Sign(9, h, "hello "+strconv.Itoa(k)))
+			default:
+				evs = append(evs, p.B.Sign(9, h, "hi "+strconv.Itoa(k)))
+			}
+		}
+		return evs
+	})
+}
+
+// dmResurfaceSequences: per unit k of worker w, on pair w*dmPairsPerWorker+k%dmPairsPerWorker, B
+// hides and then A sends a message, which clears that hide: every message resurfaces the DM for B.
+func dmResurfaceSequences(conns int, pairs []dmPair, units int) [][]*nostr.Event {
+	return signPerWorker(conns, func(w int) []*nostr.Event {
+		var evs []*nostr.Event
+		for k := 0; k < units; k++ {
+			p := pairs[w*dmPairsPerWorker+k%dmPairsPerWorker]
+			h := nostr.Tags{{"h", p.Ch}}
+			evs = append(evs, p.B.Sign(41012, h, ""), p.A.Sign(9, h, "back "+strconv.Itoa(k)))
+		}
+		return evs
+	})
+}
+
+// dmRun publishes relayEvs through the relays, then accepts sqlEvs in SQL on as many connections.
+func dmRun(cfg *Config, pool *pgxpool.Pool, name string, relayEvs, sqlEvs [][]*nostr.Event, what string) (*Result, error) {
+	res := newResult(name, cfg)
+	cs, err := dialAll(cfg.Relays, cfg.Conns, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	cfg.logf("%s: relay run", name)
+	row := runWorkers(counts(relayEvs), cfg.Rate, cfg.Duration, publishJob(cs, relayEvs))
+	closeAll(cs)
+	row.Name, row.Conns = what+" via relay", cfg.Conns
+	cfg.logf("%s: SQL baseline", name)
+	base := runWorkers(counts(sqlEvs), cfg.Rate, cfg.Duration, sqlJob(pool, marshalAll(sqlEvs)))
+	base.Name, base.Conns, base.Baseline = "buzz.accept_event "+what, cfg.Conns, true
+	res.Rows = append(res.Rows, row, base)
+	res.Ratio = ratio(row.Rate, base.Rate)
+	res.RatioWhat = fmt.Sprintf("relay rate / accept_event rate, both with %d concurrent connections", cfg.Conns)
+	return res, nil
 }
 
 // dmResurface runs the "every message resurfaces someone" DM run: evs[w] is (hide, message)
