@@ -73,7 +73,7 @@ const (
 // headline ratio is the victim's p99 under the full flood over alone with limits on (the larger of
 // EVENT->OK and REQ->EOSE).
 func Flood(cfg *Config) (*Result, error) {
-	f := &flood{cfg: cfg, res: newResult("flood", cfg), rounds: 3,
+	f := &flood{cfg: cfg, res: newResult("flood", cfg), rounds: 3, tag: runTag(),
 		expensive: nostr.Filter{Kinds: []int{1}, Limit: floodReqLimit}}
 	pool, err := openPool(cfg, 4)
 	if err != nil {
@@ -106,6 +106,7 @@ type flood struct {
 	phases    map[string]*floodPhase // by target label
 	victims   []User
 	expensive nostr.Filter
+	tag       string // marks this run's seed and flood events
 	rounds    int
 	slice     time.Duration
 }
@@ -188,7 +189,7 @@ func (f *flood) startTargets() (stop func(), err error) {
 // seed stores what the expensive REQ returns (setup, not timed).
 func (f *flood) seed(pool *pgxpool.Pool) {
 	seeder := NewUser()
-	tag := runTag()
+	tag := f.tag
 	pad := strings.Repeat("x", 400)
 	seed := split(signParallel(floodSeed, func(i int) *nostr.Event {
 		return seeder.Sign(1, nostr.Tags{{"t", "flood-seed-" + tag}}, fmt.Sprintf("seed %s %d %s", tag, i, pad))
@@ -208,7 +209,7 @@ func (f *flood) prepare() {
 	for i := range flooders {
 		flooders[i] = NewUser()
 	}
-	tag := runTag()
+	tag := f.tag
 	nOn := 2000
 	f.cfg.logf("flood: pre-signing %d + %d flood events", nOn, nFlood)
 	floodSet := func(n int, what string) [][]*nostr.Event {
