@@ -108,16 +108,10 @@ restart_immediate() {
   as_pg "$bin/pg_ctl" -D "$dir" -l "$dir/server.log" -w -t 60 start >/dev/null
 }
 
-# Drop databases earlier test runs left behind (and their replication slots).
+# Drop databases earlier test runs left behind (and their replication slots): the one drop helper
+# is Go's (internal/db DropDatabase), shared with the tests and the load tool.
 dropdbs() {
-  local bin; bin=$(find_bindir)
-  local q="$bin/psql -h 127.0.0.1 -p $PORT -U postgres -d postgres -tAq"
-  for d in $(as_pg $q -c "SELECT datname FROM pg_database WHERE datname ~ '^buzz_(t|f|tpl)_'"); do
-    as_pg $q -c "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database='$d' AND active_pid IS NOT NULL" >/dev/null
-    as_pg $q -c "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database='$d'" >/dev/null 2>&1 || true
-    as_pg $q -c "ALTER DATABASE \"$d\" WITH is_template false" >/dev/null 2>&1 || true
-    as_pg $q -c "DROP DATABASE IF EXISTS \"$d\" WITH (FORCE)" >/dev/null 2>&1 || true
-  done
+  cd "$ROOT" && "${GO:-go}" run ./scripts/dropdbs "$(url)"
 }
 
 case "${1:-}" in

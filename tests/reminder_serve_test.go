@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/buzzpg/buzzpg/internal/hooks"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
@@ -126,7 +127,7 @@ func TestReminderCrashAfterClaimRecoveredOnce(t *testing.T) {
 		t.Fatal("no process reached reminder.after_claim")
 	}
 	y := 1 - x
-	testenv.ReleaseHook(t, dirs[y], "reminder.after_claim") // the survivor may pass its hook
+	hooks.Release(t, dirs[y], "reminder.after_claim") // the survivor may pass its hook
 	if r := remGet(t, pool, ev.ID); r.State != "claimed" {
 		t.Fatalf("at the hook the reminder is %s, want claimed", r.State)
 	}

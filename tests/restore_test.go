@@ -28,6 +28,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/buzzpg/buzzpg/internal/hooks"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
@@ -107,7 +108,7 @@ func drillStart(t *testing.T) *drill {
 	d.oldPool = testenv.Pool(t, owner)
 	snapExec(t, d.oldPool, `CREATE ROLE `+drillRole+` LOGIN REPLICATION IN ROLE buzz_relay`)
 	d.hooksOld = t.TempDir()
-	testenv.ReleaseHook(t, d.hooksOld, "reminder.after_claim")
+	hooks.Release(t, d.hooksOld, "reminder.after_claim")
 	d.oldRelay = testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: drillAs(t, owner, drillRole), RelayKey: d.key,
 		InstanceID: drillInstance, Env: drillEnv(map[string]string{"BUZZ_REMINDER_LEASE": "3s"}),
 		HookDir: d.hooksOld, Hooks: []string{"reminder.after_claim", "visibility.listen_reconnect"}})
@@ -192,7 +193,7 @@ func (d *drill) holdOld() {
 	now := time.Now().Unix()
 	d.rem["held"] = remEvent(t, d.author.SK, now, "held", remNB(now-1))
 	d.dms.c.MustPublish(d.rem["held"])
-	testenv.WaitHook(t, d.hooksOld, "reminder.after_claim", 30*time.Second)
+	hooks.Wait(t, d.hooksOld, "reminder.after_claim", 30*time.Second)
 	if r := remGet(t, d.oldPool, d.rem["held"].ID); r.State != "claimed" {
 		t.Fatalf("the old scheduler at its hook: reminder %s, want claimed", r.State)
 	}
@@ -201,7 +202,7 @@ func (d *drill) holdOld() {
 	if n != 1 {
 		t.Fatalf("terminated %d visibility LISTEN connections, want 1", n)
 	}
-	testenv.WaitHook(t, d.hooksOld, "visibility.listen_reconnect", 30*time.Second)
+	hooks.Wait(t, d.hooksOld, "visibility.listen_reconnect", 30*time.Second)
 }
 
 // oweWork makes the old server owe: two viewers' outbox rows claimed by a process that then died
@@ -285,8 +286,8 @@ func (d *drill) afterBackup() {
 	now := time.Now().Unix()
 	d.rem["post"] = remEvent(t, d.author.SK, now, "post", remNB(now-1))
 	d.dms.c.MustPublish(d.rem["post"])
-	testenv.ReleaseHook(t, d.hooksOld, "reminder.after_claim")
-	testenv.ReleaseHook(t, d.hooksOld, "visibility.listen_reconnect")
+	hooks.Release(t, d.hooksOld, "reminder.after_claim")
+	hooks.Release(t, d.hooksOld, "visibility.listen_reconnect")
 	ids := []string{d.rem["held"].ID, d.rem["due"].ID, d.rem["post"].ID}
 	for _, ev := range d.duringDump {
 		ids = append(ids, ev.ID)
@@ -405,12 +406,12 @@ func (d *drill) checkBackup() {
 // has subscribed, so no due signal goes out to nobody.
 func (d *drill) serveRestored() {
 	t := d.t
-	hooks := t.TempDir()
+	hookDir := t.TempDir()
 	d.newRelay = testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: drillAs(t, d.new.URL(""), drillRole), RelayKey: d.key,
-		InstanceID: drillInstance, Env: drillEnv(nil), HookDir: hooks, Hooks: []string{"reminder.after_claim"}})
-	testenv.WaitHook(t, hooks, "reminder.after_claim", 30*time.Second)
+		InstanceID: drillInstance, Env: drillEnv(nil), HookDir: hookDir, Hooks: []string{"reminder.after_claim"}})
+	hooks.Wait(t, hookDir, "reminder.after_claim", 30*time.Second)
 	d.dueNew = remDueSub(t, d.newRelay.URL, d.author.SK, d.author.PK)
-	testenv.ReleaseHook(t, hooks, "reminder.after_claim")
+	hooks.Release(t, hookDir, "reminder.after_claim")
 }
 
 // checkReminders: every version the backup holds unconfirmed arrives exactly once; none that it

@@ -13,6 +13,7 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/buzzpg/buzzpg/internal/hooks"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 	"github.com/buzzpg/buzzpg/listener/fanout"
 	"github.com/buzzpg/buzzpg/listener/visibility"
@@ -117,9 +118,9 @@ func startHolding(t *testing.T, pool *pgxpool.Pool, serveURL string, grace time.
 		Env:   map[string]string{"BUZZ_SHUTDOWN_GRACE": grace.String(), "BUZZ_LEASE": "1h", "BUZZ_REMINDER_LEASE": "1h"}})
 	viewer, ch := snapSQLDM(t, pool)
 	snapExec(t, pool, `SELECT buzz.hide_dm($1, $2::uuid)`, viewer, ch)
-	testenv.WaitHook(t, hookDir, visibility.HookBeforeFence, 30*time.Second)
+	hooks.Wait(t, hookDir, visibility.HookBeforeFence, 30*time.Second)
 	rem := remDue(t, pool)
-	testenv.WaitHook(t, hookDir, "reminder.after_claim", 30*time.Second)
+	hooks.Wait(t, hookDir, "reminder.after_claim", 30*time.Second)
 	if st := remGet(t, pool, rem.ID).State; st != "claimed" {
 		t.Fatalf("reminder at the hook is %s, want claimed", st)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/buzzpg/buzzpg/internal/hooks"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 	"github.com/buzzpg/buzzpg/listener/visibility"
 )
@@ -29,7 +30,7 @@ func TestShutdownAfterALongDrainReleasesClaims(t *testing.T) {
 
 	viewer, ch := snapSQLDM(t, pool)
 	snapExec(t, pool, `SELECT buzz.hide_dm($1, $2::uuid)`, viewer, ch)
-	testenv.WaitHook(t, hookDir, visibility.HookBeforeFence, 30*time.Second) // the publisher holds the claim
+	hooks.Wait(t, hookDir, visibility.HookBeforeFence, 30*time.Second) // the publisher holds the claim
 
 	// A client that never answers the close handshake keeps the drain busy for the whole grace.
 	ws, _, err := websocket.DefaultDialer.Dial(r.URL, nil)

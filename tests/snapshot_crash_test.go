@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/buzzpg/buzzpg/internal/hooks"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 	"github.com/buzzpg/buzzpg/listener/visibility"
 )
@@ -113,7 +114,7 @@ func TestSnapshotServeCrashHoldingClaimRecovered(t *testing.T) {
 		return false
 	})
 	y := 1 - x
-	testenv.ReleaseHook(t, dirs[y], visibility.HookBeforeFence) // the survivor passes its hook
+	hooks.Release(t, dirs[y], visibility.HookBeforeFence) // the survivor passes its hook
 	relays[x].Kill()
 	if code := relays[x].ExitCode(); code != -1 {
 		t.Fatalf("the claimer exited with %d, want death by signal", code)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/buzzpg/buzzpg/internal/hooks"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 	"github.com/buzzpg/buzzpg/listener/visibility"
 )
@@ -139,7 +140,7 @@ func TestSnapshotServeStalePublisherAcrossProcesses(t *testing.T) {
 		HookDir: hookDir, Hooks: []string{visibility.HookBeforeFence}})
 	snapExec(t, pool, `SELECT buzz.hide_dm($1, $2::uuid)`, viewer, x) // g = {X}
 	g, _ := snapGens(t, pool, viewer)
-	testenv.WaitHook(t, hookDir, visibility.HookBeforeFence, 30*time.Second) // A holds g = {X}
+	hooks.Wait(t, hookDir, visibility.HookBeforeFence, 30*time.Second) // A holds g = {X}
 
 	snapExec(t, pool, `SELECT buzz.unhide_dm($1, $2::uuid)`, viewer, x) // g+1 = {}
 	src, err := visibility.ReadSource(ctx, pool, viewer)
@@ -151,7 +152,7 @@ func TestSnapshotServeStalePublisherAcrossProcesses(t *testing.T) {
 	}
 	headB, _ := snapHead(t, pool, viewer)
 
-	testenv.ReleaseHook(t, hookDir, visibility.HookBeforeFence)
+	hooks.Release(t, hookDir, visibility.HookBeforeFence)
 	testenv.WaitUntil(t, 20*time.Second, "A's outcome in its log", func() bool {
 		return snapLogHas(a, `"msg":"snapshot stale"`, viewer) || snapLogHas(a, `"msg":"snapshot published"`, viewer)
 	})

@@ -46,156 +46,196 @@ type relayList []string
 func (r *relayList) String() string     { return strings.Join(*r, ",") }
 func (r *relayList) Set(v string) error { *r = append(*r, v); return nil }
 
+// benchArgs is what `buzzpg bench` was asked to do.
+type benchArgs struct {
+	names        []string // the scenarios to run, in order
+	standard     bool     // make bench's set, each with its own sizes
+	relays       relayList
+	dbURL        string
+	relayKey     string
+	dur          time.Duration
+	conns, n     int
+	rate         float64
+	idle, spawn  int
+	fresh, quiet bool
+	jsonOut      string
+}
+
 func runBench(args []string) error {
-	scenario := ""
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		scenario, args = args[0], args[1:]
-	}
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	var relays relayList
-	fs.Var(&relays, "relay", "relay WebSocket URL (repeatable; fanout publishes on the first, subscribes on the last)")
-	dbURL := fs.String("database-url", envStr("DATABASE_URL", ""), "PostgreSQL URL for setup and baselines (DATABASE_URL)")
-	relayKey := fs.String("relay-key", envStr("BUZZ_RELAY_KEY", ""), "the relays' secret key, hex (converge baseline; BUZZ_RELAY_KEY)")
-	relayKeyFile := fs.String("relay-key-file", envStr("BUZZ_RELAY_KEY_FILE", ""), "file holding the relays' secret key")
-	dur := fs.Duration("duration", 10*time.Second, "how long each timed run lasts at most")
-	conns := fs.Int("conns", 8, "client connections (and pool connections of the baseline)")
-	rate := fs.Float64("rate", 0, "target total rate per second (0: closed loop as fast as it goes; fanout: ramp)")
-	n := fs.Int("n", 20000, "events (reminders) to pre-sign: an upper bound on one run")
-	idle := fs.Int("idle", 0, "fanout: this many more connections, spread over the relays, each authenticated and subscribed to its snapshots and to a feed of 50 authors who post nothing (from 127.0.1.x, 500 per address)")
-	jsonOut := fs.String("json", "", "also write the results as JSON to this file")
-	spawn := fs.Int("spawn", 0, "start this many `buzzpg serve` processes (on loopback) and bench them instead of --relay")
-	fresh := fs.Bool("fresh", false, "with --spawn: create a fresh database on the --database-url server, drop it afterwards")
-	quiet := fs.Bool("quiet", false, "no progress lines")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), benchUsage)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
+	a, err := parseBenchArgs(args)
+	if err != nil {
 		return err
 	}
-	if scenario == "" && fs.NArg() > 0 {
-		scenario = fs.Arg(0)
-	}
-	if scenario == "" {
-		fs.Usage()
-		return fmt.Errorf("no scenario given")
-	}
-	// One scenario, or several separated by commas (one set of spawned relays for all); checked
-	// before any relay is started.
-	names := scenarios
-	if scenario != "all" && scenario != "standard" {
-		names = strings.Split(scenario, ",")
-		for _, name := range names {
-			if !slices.Contains(scenarios, name) {
-				fs.Usage()
-				return fmt.Errorf("unknown scenario %q", name)
-			}
+	logf := func(format string, v ...any) {
+		if !a.quiet {
+			fmt.Fprintf(os.Stderr, "bench: "+format+"\n", v...)
 		}
 	}
-	if *relayKey == "" && *relayKeyFile != "" {
-		sk, _, err := loadRelayKey("", *relayKeyFile)
-		if err != nil {
-			return err
-		}
-		*relayKey = sk
-	}
-	logf := func(format string, a ...any) {
-		if !*quiet {
-			fmt.Fprintf(os.Stderr, "bench: "+format+"\n", a...)
-		}
-	}
-	if *conns < 1 {
-		return fmt.Errorf("--conns must be at least 1")
-	}
-	if *n < 1 || *spawn < 0 || *idle < 0 {
-		return fmt.Errorf("--n must be at least 1, --spawn and --idle at least 0")
-	}
-
 	var spawnFn func(string, []string) (string, func(), error)
-	if *spawn > 0 {
-		cleanup, urls, dbu, key, sp, err := spawnRelays(*spawn, *dbURL, *fresh, *relayKey, logf)
+	if a.spawn > 0 {
+		cleanup, urls, dbu, key, sp, err := spawnRelays(a.spawn, a.dbURL, a.fresh, a.relayKey, logf)
 		if cleanup != nil {
 			defer cleanup()
 		}
 		if err != nil {
 			return err
 		}
-		relays, *dbURL, *relayKey, spawnFn = urls, dbu, key, sp
+		a.relays, a.dbURL, a.relayKey, spawnFn = urls, dbu, key, sp
 	}
-	if len(relays) == 0 {
+	if len(a.relays) == 0 {
 		return fmt.Errorf("no relay: give --relay ws://HOST:PORT (repeatable) or --spawn N")
 	}
-	for _, r := range relays {
+	for _, r := range a.relays {
 		if err := loopbackOnly(r); err != nil {
 			return err
 		}
 	}
-	base := bench.Config{Relays: relays, DatabaseURL: *dbURL, RelayKey: *relayKey, Duration: *dur,
-		Conns: *conns, Rate: *rate, N: *n, Idle: *idle, Logf: logf}
-
-	type step struct {
-		name string
-		cfg  bench.Config
+	base := bench.Config{Relays: a.relays, DatabaseURL: a.dbURL, RelayKey: a.relayKey, Duration: a.dur,
+		Conns: a.conns, Rate: a.rate, N: a.n, Idle: a.idle, Logf: logf, Spawn: spawnFn}
+	results, failed := runBenchSteps(benchSteps(a, base), benchEnv(a))
+	if a.jsonOut != "" {
+		if err := bench.WriteJSON(a.jsonOut, results); err != nil {
+			return err
+		}
+		fmt.Printf("results written to %s\n", a.jsonOut)
 	}
-	base.Spawn = spawnFn
-	var steps []step
+	if len(failed) > 0 {
+		return fmt.Errorf("%d scenario(s) failed: %s", len(failed), strings.Join(failed, "; "))
+	}
+	return nil
+}
+
+// parseBenchArgs reads the scenario and the flags, and checks them before any relay is started.
+func parseBenchArgs(args []string) (a benchArgs, err error) {
+	scenario := ""
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		scenario, args = args[0], args[1:]
+	}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.Var(&a.relays, "relay", "relay WebSocket URL (repeatable; fanout publishes on the first, subscribes on the last)")
+	fs.StringVar(&a.dbURL, "database-url", envStr("DATABASE_URL", ""), "PostgreSQL URL for setup and baselines (DATABASE_URL)")
+	fs.StringVar(&a.relayKey, "relay-key", envStr("BUZZ_RELAY_KEY", ""), "the relays' secret key, hex (converge baseline; BUZZ_RELAY_KEY)")
+	relayKeyFile := fs.String("relay-key-file", envStr("BUZZ_RELAY_KEY_FILE", ""), "file holding the relays' secret key")
+	fs.DurationVar(&a.dur, "duration", 10*time.Second, "how long each timed run lasts at most")
+	fs.IntVar(&a.conns, "conns", 8, "client connections (and pool connections of the baseline)")
+	fs.Float64Var(&a.rate, "rate", 0, "target total rate per second (0: closed loop as fast as it goes; fanout: ramp)")
+	fs.IntVar(&a.n, "n", 20000, "events (reminders) to pre-sign: an upper bound on one run")
+	fs.IntVar(&a.idle, "idle", 0, "fanout: this many more connections, spread over the relays, each authenticated and subscribed to its snapshots and to a feed of 50 authors who post nothing (from 127.0.1.x, 500 per address)")
+	fs.StringVar(&a.jsonOut, "json", "", "also write the results as JSON to this file")
+	fs.IntVar(&a.spawn, "spawn", 0, "start this many `buzzpg serve` processes (on loopback) and bench them instead of --relay")
+	fs.BoolVar(&a.fresh, "fresh", false, "with --spawn: create a fresh database on the --database-url server, drop it afterwards")
+	fs.BoolVar(&a.quiet, "quiet", false, "no progress lines")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), benchUsage)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return a, err
+	}
+	if scenario == "" && fs.NArg() > 0 {
+		scenario = fs.Arg(0)
+	}
+	if a.names, err = scenarioNames(scenario); err != nil {
+		fs.Usage()
+		return a, err
+	}
+	a.standard = scenario == "standard"
+	if a.relayKey == "" && *relayKeyFile != "" {
+		if a.relayKey, _, err = loadRelayKey("", *relayKeyFile); err != nil {
+			return a, err
+		}
+	}
+	if a.conns < 1 {
+		return a, fmt.Errorf("--conns must be at least 1")
+	}
+	if a.n < 1 || a.spawn < 0 || a.idle < 0 {
+		return a, fmt.Errorf("--n must be at least 1, --spawn and --idle at least 0")
+	}
+	return a, nil
+}
+
+// scenarioNames is one scenario, or several separated by commas (one set of spawned relays for
+// all), or all of them.
+func scenarioNames(scenario string) ([]string, error) {
 	switch scenario {
-	case "standard":
-		with := func(d time.Duration, c, n int) bench.Config {
-			x := base
-			x.Duration, x.Conns, x.N, x.Rate = d, c, n, 0
-			return x
-		}
-		steps = []step{
-			{"ingest", with(15*time.Second, 16, 40000)},
-			{"dm", with(8*time.Second, 16, 16000)},
-			{"converge", with(15*time.Second, 8, 100000)},
-			{"reminders", with(0, 8, 2000)},
-			{"fanout", with(4*time.Second, 4, 40000)},
-			{"flood", with(6*time.Second, 4, 20000)},
-		}
-	default:
-		for _, name := range names {
-			steps = append(steps, step{name, base})
+	case "":
+		return nil, fmt.Errorf("no scenario given")
+	case "all", "standard":
+		return scenarios, nil
+	}
+	names := strings.Split(scenario, ",")
+	for _, name := range names {
+		if !slices.Contains(scenarios, name) {
+			return nil, fmt.Errorf("unknown scenario %q", name)
 		}
 	}
+	return names, nil
+}
 
+// benchStep is one scenario run with its configuration.
+type benchStep struct {
+	name string
+	cfg  bench.Config
+}
+
+// benchSteps gives each scenario its configuration: the flags', or make bench's sizes.
+func benchSteps(a benchArgs, base bench.Config) []benchStep {
+	if !a.standard {
+		var steps []benchStep
+		for _, name := range a.names {
+			steps = append(steps, benchStep{name, base})
+		}
+		return steps
+	}
+	with := func(d time.Duration, c, n int) bench.Config {
+		x := base
+		x.Duration, x.Conns, x.N, x.Rate = d, c, n, 0
+		return x
+	}
+	return []benchStep{
+		{"ingest", with(15*time.Second, 16, 40000)},
+		{"dm", with(8*time.Second, 16, 16000)},
+		{"converge", with(15*time.Second, 8, 100000)},
+		{"reminders", with(0, 8, 2000)},
+		{"fanout", with(4*time.Second, 4, 40000)},
+		{"flood", with(6*time.Second, 4, 20000)},
+	}
+}
+
+// benchEnv describes the machine the figures come from.
+func benchEnv(a benchArgs) map[string]string {
 	host, _ := os.Hostname()
 	env := map[string]string{"host": host, "cpus": fmt.Sprint(runtime.NumCPU()), "go": runtime.Version(),
-		"date": time.Now().UTC().Format("2006-01-02"), "relays": strings.Join(relays, " ")}
-	if sv := serverVersion(*dbURL); sv != "" {
+		"date": time.Now().UTC().Format("2006-01-02"), "relays": strings.Join(a.relays, " ")}
+	if sv := serverVersion(a.dbURL); sv != "" {
 		env["postgres"] = sv
 	}
-	var results []*bench.Result
-	var failed []string
+	return env
+}
+
+// one makes a scenario that has one result look like those that have several.
+func one(run func(*bench.Config) (*bench.Result, error)) func(*bench.Config) ([]*bench.Result, error) {
+	return func(cfg *bench.Config) ([]*bench.Result, error) {
+		r, err := run(cfg)
+		return []*bench.Result{r}, err
+	}
+}
+
+// scenarioRuns are the scenarios by name.
+var scenarioRuns = map[string]func(*bench.Config) ([]*bench.Result, error){
+	"ingest":    one(bench.Ingest),
+	"dm":        bench.DM,
+	"converge":  one(bench.Converge),
+	"reminders": one(bench.Reminders),
+	"fanout":    one(bench.Fanout),
+	"flood":     one(bench.Flood),
+}
+
+// runBenchSteps runs each step, prints its tables, and goes on past a failed one.
+func runBenchSteps(steps []benchStep, env map[string]string) (results []*bench.Result, failed []string) {
 	for _, s := range steps {
 		cfg := s.cfg
-		var rs []*bench.Result
-		var err error
-		switch s.name {
-		case "ingest":
-			var r *bench.Result
-			r, err = bench.Ingest(&cfg)
-			rs = []*bench.Result{r}
-		case "dm":
-			rs, err = bench.DM(&cfg)
-		case "converge":
-			var r *bench.Result
-			r, err = bench.Converge(&cfg)
-			rs = []*bench.Result{r}
-		case "reminders":
-			var r *bench.Result
-			r, err = bench.Reminders(&cfg)
-			rs = []*bench.Result{r}
-		case "fanout":
-			var r *bench.Result
-			r, err = bench.Fanout(&cfg)
-			rs = []*bench.Result{r}
-		case "flood":
-			var r *bench.Result
-			r, err = bench.Flood(&cfg)
-			rs = []*bench.Result{r}
-		}
+		rs, err := scenarioRuns[s.name](&cfg)
 		if err != nil {
 			failed = append(failed, fmt.Sprintf("%s: %v", s.name, err))
 			fmt.Fprintf(os.Stderr, "bench %s failed: %v\n", s.name, err)
@@ -208,16 +248,7 @@ func runBench(args []string) error {
 		}
 	}
 	fmt.Printf("\nmachine: %s, %s CPUs, %s, PostgreSQL %s, %s\n", env["host"], env["cpus"], env["go"], env["postgres"], env["date"])
-	if *jsonOut != "" {
-		if err := bench.WriteJSON(*jsonOut, results); err != nil {
-			return err
-		}
-		fmt.Printf("results written to %s\n", *jsonOut)
-	}
-	if len(failed) > 0 {
-		return fmt.Errorf("%d scenario(s) failed: %s", len(failed), strings.Join(failed, "; "))
-	}
-	return nil
+	return results, failed
 }
 
 // loopbackOnly keeps the load tool pointed at this machine.
@@ -325,15 +356,6 @@ func spawnRelays(n int, dbURL string, fresh bool, key string, logf func(string, 
 	return cleanup, urls, dbu, relayKey, spawn, nil
 }
 
-func withDB(u, name string) (string, error) {
-	p, err := url.Parse(u)
-	if err != nil {
-		return "", err
-	}
-	p.Path = "/" + name
-	return p.String(), nil
-}
-
 func createDatabase(serverURL, name string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -345,7 +367,7 @@ func createDatabase(serverURL, name string) (string, error) {
 	if _, err := c.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize()); err != nil {
 		return "", err
 	}
-	return withDB(serverURL, name)
+	return db.WithDatabase(serverURL, name)
 }
 
 func dropDatabase(serverURL, name string) {
@@ -356,15 +378,5 @@ func dropDatabase(serverURL, name string) {
 		return
 	}
 	defer c.Close(ctx)
-	_, _ = c.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database=$1 AND active_pid IS NOT NULL`, name)
-	for i := 0; i < 50; i++ {
-		_, _ = c.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database=$1 AND NOT active`, name)
-		var left int
-		_ = c.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE database=$1`, name).Scan(&left)
-		if left == 0 {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	_, _ = c.Exec(ctx, `DROP DATABASE IF EXISTS `+pgx.Identifier{name}.Sanitize()+` WITH (FORCE)`)
+	_ = db.DropDatabase(ctx, c, name)
 }

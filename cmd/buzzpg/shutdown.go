@@ -52,7 +52,7 @@ type releaseStep struct {
 // release runs the steps side by side, each under a context of its own that ends releaseGrace
 // from now, and returns when they all have, or at releaseGrace: a step that overstays its
 // context is left running. They need not wait for one another: each touches only its own rows
-// (or slot), and the listener pool has connections for all of them (see serve).
+// (or slot), and the listener pool has connections for all of them (see openPools).
 func release(steps []releaseStep, log *slog.Logger) {
 	var wg sync.WaitGroup
 	for _, s := range steps {

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/buzzpg/buzzpg/internal/wsclient"
 	"github.com/nbd-wtf/go-nostr"
 )
 
@@ -78,77 +79,117 @@ func Fanout(cfg *Config) (*Result, error) {
 	return res, nil
 }
 
+// fanoutStep sends at rate for dur on relay a and reports what relay b delivered, and whether it
+// kept up.
 func fanoutStep(cfg *Config, a, b string, rate float64, dur time.Duration) (Row, bool, error) {
-	n := int(rate * dur.Seconds())
-	pubs := cfg.Conns
-	tag := "fan-" + runTag()
-	users := make([]User, pubs)
-	for i := range users {
-		users[i] = NewUser()
-	}
-	cfg.logf("fanout: %0.f/s for %s: pre-signing %d", rate, dur, n)
-	flat := signParallel(n, func(i int) *nostr.Event {
-		return users[i%pubs].Sign(1, nostr.Tags{{"t", tag}}, fmt.Sprintf("%s %d", tag, i))
-	})
-	idx := make(map[string]int, n)
-	for i, ev := range flat {
-		idx[ev.ID] = i
-	}
-	sent := make([]atomic.Int64, n) // unix nanos of the write on A
-	var lats Latencies
-	var mu sync.Mutex
-	got := map[string]bool{}
-	var okErrs Errors
-	var oks atomic.Int64
-	sub, err := Dial(b, Handlers{OnEvent: func(s string, ev *nostr.Event, _ []byte, at time.Time) {
-		i, ok := idx[ev.ID]
-		if !ok {
-			return
-		}
-		mu.Lock()
-		dup := got[ev.ID]
-		got[ev.ID] = true
-		mu.Unlock()
-		if dup {
-			okErrs.Add("duplicate-delivery")
-			return
-		}
-		if t := sent[i].Load(); t > 0 {
-			lats.Add(at.Sub(time.Unix(0, t)))
-		}
-	}}, 10*time.Second)
+	s := newFanStep(cfg, rate, dur)
+	sub, err := s.subscribe(b)
 	if err != nil {
 		return Row{}, false, err
 	}
 	defer sub.Close()
-	if err := sub.Req("fan", 10*time.Second, nostr.Filter{Kinds: []int{1}, Tags: nostr.TagMap{"t": {tag}}}); err != nil {
-		return Row{}, false, err
-	}
-	cs, err := dialAll([]string{a}, pubs, nil, func(int) Handlers {
-		return Handlers{OnOK: func(o OK) {
-			if _, ok := idx[o.ID]; !ok {
-				return
-			}
-			oks.Add(1)
-			if !o.OK {
-				okErrs.Add(o.Msg)
-			}
-		}}
-	})
+	cs, err := dialAll([]string{a}, s.pubs, nil, s.publisherHandlers)
 	if err != nil {
 		return Row{}, false, err
 	}
 	defer closeAll(cs)
-	per := split(flat, pubs)
-	perIdx := make([][]int, pubs)
-	for i := range flat {
-		perIdx[i%pubs] = append(perIdx[i%pubs], i)
+	sendEl := s.send(cs)
+	s.waitDelivered(5 * time.Second)
+	row, kept := s.row(sendEl)
+	return row, kept, nil
+}
+
+// fanStep is one rate of the fan-out ramp: n pre-signed events sent on A at rate, received on B.
+type fanStep struct {
+	cfg    *Config
+	rate   float64
+	n      int
+	pubs   int
+	tag    string
+	flat   []*nostr.Event
+	idx    map[string]int // event id -> index in flat
+	sent   []atomic.Int64 // unix nanos of the write on A
+	lats   Latencies
+	mu     sync.Mutex
+	got    map[string]bool
+	okErrs Errors
+	oks    atomic.Int64
+}
+
+// newFanStep pre-signs the step's events, one publisher identity per connection.
+func newFanStep(cfg *Config, rate float64, dur time.Duration) *fanStep {
+	s := &fanStep{cfg: cfg, rate: rate, n: int(rate * dur.Seconds()), pubs: cfg.Conns, tag: "fan-" + runTag(), got: map[string]bool{}}
+	users := make([]User, s.pubs)
+	for i := range users {
+		users[i] = NewUser()
 	}
-	perRate := rate / float64(pubs)
-	cfg.logf("fanout: sending %d on %d connections", n, pubs)
+	cfg.logf("fanout: %0.f/s for %s: pre-signing %d", rate, dur, s.n)
+	s.flat = signParallel(s.n, func(i int) *nostr.Event {
+		return users[i%s.pubs].Sign(1, nostr.Tags{{"t", s.tag}}, fmt.Sprintf("%s %d", s.tag, i))
+	})
+	s.idx = make(map[string]int, s.n)
+	for i, ev := range s.flat {
+		s.idx[ev.ID] = i
+	}
+	s.sent = make([]atomic.Int64, s.n)
+	return s
+}
+
+// subscribe connects the receiver on b to the step's tag; it times each first arrival.
+func (s *fanStep) subscribe(b string) (*wsclient.Client, error) {
+	sub, err := wsclient.Dial(b, wsclient.Handlers{OnEvent: func(_ string, ev *nostr.Event, at time.Time) {
+		i, ok := s.idx[ev.ID]
+		if !ok {
+			return
+		}
+		s.mu.Lock()
+		dup := s.got[ev.ID]
+		s.got[ev.ID] = true
+		s.mu.Unlock()
+		if dup {
+			s.okErrs.Add("duplicate-delivery")
+			return
+		}
+		if t := s.sent[i].Load(); t > 0 {
+			s.lats.Add(at.Sub(time.Unix(0, t)))
+		}
+	}}, 10*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	if err := sub.Req("fan", 10*time.Second, nostr.Filter{Kinds: []int{1}, Tags: nostr.TagMap{"t": {s.tag}}}); err != nil {
+		sub.Close()
+		return nil, err
+	}
+	return sub, nil
+}
+
+// publisherHandlers count the OKs of the step's events.
+func (s *fanStep) publisherHandlers(int) wsclient.Handlers {
+	return wsclient.Handlers{OnOK: func(o wsclient.OK) {
+		if _, ok := s.idx[o.ID]; !ok {
+			return
+		}
+		s.oks.Add(1)
+		if !o.OK {
+			s.okErrs.Add(o.Msg)
+		}
+	}}
+}
+
+// send paces the events over the connections (event i on connection i%pubs) and returns how
+// long sending took.
+func (s *fanStep) send(cs []*wsclient.Client) time.Duration {
+	per := split(s.flat, s.pubs)
+	perIdx := make([][]int, s.pubs)
+	for i := range s.flat {
+		perIdx[i%s.pubs] = append(perIdx[i%s.pubs], i)
+	}
+	perRate := s.rate / float64(s.pubs)
+	s.cfg.logf("fanout: sending %d on %d connections", s.n, s.pubs)
 	start := time.Now()
 	var wg sync.WaitGroup
-	for w := 0; w < pubs; w++ {
+	for w := 0; w < s.pubs; w++ {
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
@@ -157,38 +198,47 @@ func fanoutStep(cfg *Config, a, b string, rate float64, dur time.Duration) (Row,
 				if d := time.Until(due); d > 0 {
 					time.Sleep(d)
 				}
-				sent[perIdx[w][k]].Store(time.Now().UnixNano())
+				s.sent[perIdx[w][k]].Store(time.Now().UnixNano())
 				if err := cs[w].Send(ev); err != nil {
-					okErrs.Add("closed")
+					s.okErrs.Add("closed")
 					return
 				}
 			}
 		}(w)
 	}
 	wg.Wait()
-	sendEl := time.Since(start)
-	wait := time.Now().Add(5 * time.Second)
+	return time.Since(start)
+}
+
+// delivered is how many of the step's events B received.
+func (s *fanStep) delivered() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.got)
+}
+
+// waitDelivered waits up to d for every event's delivery and OK.
+func (s *fanStep) waitDelivered(d time.Duration) {
+	wait := time.Now().Add(d)
 	for time.Now().Before(wait) {
-		mu.Lock()
-		g := len(got)
-		mu.Unlock()
-		if g >= n && oks.Load() >= int64(n) {
-			break
+		if s.delivered() >= s.n && s.oks.Load() >= int64(s.n) {
+			return
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	mu.Lock()
-	delivered := len(got)
-	mu.Unlock()
-	s := lats.Summary()
-	errs := okErrs.Map()
-	if delivered < n {
-		errs["undelivered"] = n - delivered
+}
+
+// row reports the step and whether the relays kept up with its rate.
+func (s *fanStep) row(sendEl time.Duration) (Row, bool) {
+	delivered := s.delivered()
+	lat := s.lats.Summary()
+	errs := s.okErrs.Map()
+	if delivered < s.n {
+		errs["undelivered"] = s.n - delivered
 	}
-	achieved := float64(n) / sendEl.Seconds()
-	kept := delivered == n && s.P99ms < 1000 && achieved >= 0.9*rate && len(okErrs.Map()) == 0
-	row := Row{Name: fmt.Sprintf("A->B at %.0f/s", rate), Conns: pubs, Count: delivered, Seconds: sendEl.Seconds(),
-		Rate: achieved, Target: rate, Latency: s, Errors: errs,
-		Note: fmt.Sprintf("kept up: %v (sent %d, delivered %d, OKs %d)", kept, n, delivered, oks.Load())}
-	return row, kept, nil
+	achieved := float64(s.n) / sendEl.Seconds()
+	kept := delivered == s.n && lat.P99ms < 1000 && achieved >= 0.9*s.rate && len(s.okErrs.Map()) == 0
+	return Row{Name: fmt.Sprintf("A->B at %.0f/s", s.rate), Conns: s.pubs, Count: delivered, Seconds: sendEl.Seconds(),
+		Rate: achieved, Target: s.rate, Latency: lat, Errors: errs,
+		Note: fmt.Sprintf("kept up: %v (sent %d, delivered %d, OKs %d)", kept, s.n, delivered, s.oks.Load())}, kept
 }

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/buzzpg/buzzpg/internal/wsclient"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nbd-wtf/go-nostr"
 )
 
@@ -71,224 +73,293 @@ const (
 // headline ratio is the victim's p99 under the full flood over alone with limits on (the larger of
 // EVENT->OK and REQ->EOSE).
 func Flood(cfg *Config) (*Result, error) {
-	res := newResult("flood", cfg)
+	f := &flood{cfg: cfg, res: newResult("flood", cfg), rounds: 3, tag: runTag(),
+		expensive: nostr.Filter{Kinds: []int{1}, Limit: floodReqLimit}}
 	pool, err := openPool(cfg, 4)
 	if err != nil {
 		return nil, err
 	}
 	defer pool.Close()
+	f.chooseAddresses()
+	stop, err := f.startTargets()
+	defer stop()
+	if err != nil {
+		return nil, err
+	}
+	f.seed(pool)
+	f.prepare()
+	if err := f.measure(); err != nil {
+		return nil, err
+	}
+	f.report()
+	return f.res, nil
+}
 
-	floodIP := "127.0.0.2"
-	victimIPs := make([]string, victimConns)
-	for i := range victimIPs {
-		victimIPs[i] = fmt.Sprintf("127.0.0.%d", 10+i)
-	}
-	if err := checkLocalIP(floodIP); err != nil {
-		floodIP = ""
-		victimIPs = make([]string, victimConns)
-		res.Notes = append(res.Notes, fmt.Sprintf("cannot bind 127.0.0.2 (%v): flooder and victims share 127.0.0.1, so per-IP limits are left OFF", err))
-	} else if err := checkLocalIP(victimIPs[victimConns-1]); err != nil {
-		victimIPs = make([]string, victimConns)
-		res.Notes = append(res.Notes, fmt.Sprintf("cannot bind %s (%v): victims share 127.0.0.1", victimIPs[victimConns-1], err))
-	}
-	limits := DefaultFloodLimits
-	if floodIP == "" {
-		limits.IPEventRate, limits.IPReqRate = 0, 0
-	}
+// flood is one run of the flood scenario.
+type flood struct {
+	cfg       *Config
+	res       *Result
+	floodIP   string   // "" when 127.0.0.2 cannot be bound
+	victimIPs []string // "" each when they cannot be bound
+	limits    FloodLimits
+	targets   []floodTarget
+	phases    map[string]*floodPhase // by target label
+	victims   []User
+	expensive nostr.Filter
+	tag       string // marks this run's seed and flood events
+	rounds    int
+	slice     time.Duration
+}
 
-	type target struct {
-		label string // "on" / "off"
-		url   string
-		desc  string
+// floodTarget is one relay measured: "on" (limits), "off" (none) or "as-is" (not spawned).
+type floodTarget struct{ label, url, desc string }
+
+// floodMode is what the flooder sends: EVENTs only, expensive REQs only, or both (the headline).
+type floodMode struct {
+	name         string
+	events, reqs bool
+}
+
+var floodModes = []floodMode{{"ev-flood", true, false}, {"req-flood", false, true}, {"flood", true, true}}
+
+// floodPhase is what one target's slices add up to. Each relay has its own flood-event set and a
+// cursor per connection that carries over slices and rounds.
+type floodPhase struct {
+	alone  victimStats
+	flood  []victimStats // by mode
+	fl     []floodStats  // by mode
+	evs    [][]*nostr.Event
+	cursor [floodConns]int
+}
+
+// chooseAddresses gives the flooder and the victims loopback addresses of their own, where the
+// host lets us bind them; per-IP limits are off when the flooder cannot have its own.
+func (f *flood) chooseAddresses() {
+	f.floodIP = "127.0.0.2"
+	f.victimIPs = make([]string, victimConns)
+	for i := range f.victimIPs {
+		f.victimIPs[i] = fmt.Sprintf("127.0.0.%d", 10+i)
 	}
-	var targets []target
-	if cfg.Spawn != nil {
-		cfg.logf("flood: starting a relay with limits (%s) and one without", limits)
-		onURL, stopOn, err := cfg.Spawn("flood-limits", limits.Env())
-		if err != nil {
-			return nil, err
+	if err := checkLocalIP(f.floodIP); err != nil {
+		f.floodIP = ""
+		f.victimIPs = make([]string, victimConns)
+		f.res.Notes = append(f.res.Notes, fmt.Sprintf("cannot bind 127.0.0.2 (%v): flooder and victims share 127.0.0.1, so per-IP limits are left OFF", err))
+	} else if err := checkLocalIP(f.victimIPs[victimConns-1]); err != nil {
+		f.victimIPs = make([]string, victimConns)
+		f.res.Notes = append(f.res.Notes, fmt.Sprintf("cannot bind %s (%v): victims share 127.0.0.1", f.victimIPs[victimConns-1], err))
+	}
+	f.limits = DefaultFloodLimits
+	if f.floodIP == "" {
+		f.limits.IPEventRate, f.limits.IPReqRate = 0, 0
+	}
+	f.res.Extra["limits"] = f.limits
+	f.res.Extra["flood_ip"] = f.floodIP
+}
+
+// startTargets spawns a relay with limits and one without, or takes cfg.Relays[0] as it is.
+// stop stops what it spawned.
+func (f *flood) startTargets() (stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
 		}
-		defer stopOn()
-		offURL, stopOff, err := cfg.Spawn("flood-nolimits", NoFloodLimits.Env())
-		if err != nil {
-			return nil, err
-		}
-		defer stopOff()
-		targets = []target{{"on", onURL, limits.String()}, {"off", offURL, "no rate limits"}}
-	} else {
-		u := cfg.Relays[0]
-		lim := relayLimits(u)
-		targets = []target{{"as-is", u, "limits as configured on " + u + ": " + lim}}
-		res.Notes = append(res.Notes, "no --spawn: one relay as configured, no limits-off contrast (use --spawn to get both)")
 	}
-	res.Extra["limits"] = limits
-	res.Extra["flood_ip"] = floodIP
+	if f.cfg.Spawn == nil {
+		u := f.cfg.Relays[0]
+		f.targets = []floodTarget{{"as-is", u, "limits as configured on " + u + ": " + relayLimits(u)}}
+		f.res.Notes = append(f.res.Notes, "no --spawn: one relay as configured, no limits-off contrast (use --spawn to get both)")
+		return stop, nil
+	}
+	f.cfg.logf("flood: starting a relay with limits (%s) and one without", f.limits)
+	onURL, stopOn, err := f.cfg.Spawn("flood-limits", f.limits.Env())
+	if err != nil {
+		return stop, err
+	}
+	stops = append(stops, stopOn)
+	offURL, stopOff, err := f.cfg.Spawn("flood-nolimits", NoFloodLimits.Env())
+	if err != nil {
+		return stop, err
+	}
+	stops = append(stops, stopOff)
+	f.targets = []floodTarget{{"on", onURL, f.limits.String()}, {"off", offURL, "no rate limits"}}
+	return stop, nil
+}
 
-	// Seed what the expensive REQ returns (setup, not timed).
+// seed stores what the expensive REQ returns (setup, not timed).
+func (f *flood) seed(pool *pgxpool.Pool) {
 	seeder := NewUser()
-	tag := runTag()
+	tag := f.tag
 	pad := strings.Repeat("x", 400)
 	seed := split(signParallel(floodSeed, func(i int) *nostr.Event {
 		return seeder.Sign(1, nostr.Tags{{"t", "flood-seed-" + tag}}, fmt.Sprintf("seed %s %d %s", tag, i, pad))
 	}), 4)
-	cfg.logf("flood: seeding %d kind 1 events (setup)", floodSeed)
+	f.cfg.logf("flood: seeding %d kind 1 events (setup)", floodSeed)
 	runWorkers(counts(seed), 0, time.Minute, sqlJob(pool, marshalAll(seed)))
+}
 
-	// Flood events, cycled when used up (a resent one is answered duplicate: or rate-limited:).
-	nFlood := cfg.N
-	if nFlood > 20000 {
-		nFlood = 20000
-	}
-	if nFlood < 1000 {
-		nFlood = 1000
-	}
+// prepare pre-signs the flood events and makes the victims and the phases. Flood events are
+// cycled when used up (a resent one is answered duplicate: or rate-limited:). Each relay gets its
+// own set, each flooding connection a cursor that carries over the rounds, so the limits-off
+// flood sends new events (not duplicates) as long as the set lasts; the limits-on flood mostly
+// gets rate-limited: and cycles a smaller set.
+func (f *flood) prepare() {
+	nFlood := min(max(f.cfg.N, 1000), 20000)
 	flooders := make([]User, floodConns)
 	for i := range flooders {
 		flooders[i] = NewUser()
 	}
-	// Each relay gets its own set, each flooding connection a cursor that carries over the rounds,
-	// so the limits-off flood sends new events (not duplicates) as long as the set lasts; the
-	// limits-on flood mostly gets rate-limited: and cycles a smaller set.
+	tag := f.tag
 	nOn := 2000
-	cfg.logf("flood: pre-signing %d + %d flood events", nOn, nFlood)
+	f.cfg.logf("flood: pre-signing %d + %d flood events", nOn, nFlood)
 	floodSet := func(n int, what string) [][]*nostr.Event {
 		return split(signParallel(n, func(i int) *nostr.Event {
 			return flooders[i%floodConns].Sign(1, nostr.Tags{{"t", "flood-" + tag}}, fmt.Sprintf("flood %s %s %d", what, tag, i))
 		}), floodConns)
 	}
 	onEvs, offEvs := floodSet(nOn, "on"), floodSet(nFlood, "off")
-	victims := make([]User, victimConns)
-	for i := range victims {
-		victims[i] = NewUser()
+	f.victims = make([]User, victimConns)
+	for i := range f.victims {
+		f.victims[i] = NewUser()
 	}
-	expensive := nostr.Filter{Kinds: []int{1}, Limit: floodReqLimit}
-
-	// Interleaved slices (alone, flood, per target, round after round) so the noise of a shared
-	// machine falls on both sides of each ratio alike.
-	rounds := 3
-	slice := cfg.Duration / time.Duration(rounds)
-	if slice < 2*time.Second {
-		slice = 2 * time.Second
-	}
-	// Flood kinds: EVENTs only, expensive REQs only, and both (the headline). Each relay has its
-	// own flood-event set and a cursor per connection that carries over slices and rounds.
-	type mode struct {
-		name         string
-		events, reqs bool
-	}
-	modes := []mode{{"ev-flood", true, false}, {"req-flood", false, true}, {"flood", true, true}}
-	type phase struct {
-		alone  victimStats
-		flood  []victimStats // by mode
-		fl     []floodStats  // by mode
-		evs    [][]*nostr.Event
-		cursor [floodConns]int
-	}
-	phases := map[string]*phase{}
-	for _, t := range targets {
-		ph := &phase{evs: offEvs, flood: make([]victimStats, len(modes)), fl: make([]floodStats, len(modes))}
+	f.phases = map[string]*floodPhase{}
+	for _, t := range f.targets {
+		ph := &floodPhase{evs: offEvs, flood: make([]victimStats, len(floodModes)), fl: make([]floodStats, len(floodModes))}
 		if t.label == "on" {
 			ph.evs = onEvs
 		}
-		phases[t.label] = ph
+		f.phases[t.label] = ph
 	}
-	for r := 0; r < rounds; r++ {
-		for _, t := range targets {
-			ph := phases[t.label]
-			cfg.logf("flood: round %d/%d [limits %s] victim alone, then under each flood (%s slices)", r+1, rounds, t.label, slice)
-			if err := runVictims(&ph.alone, t.url, victims, victimIPs, slice); err != nil {
-				return nil, err
-			}
-			for m, md := range modes {
-				time.Sleep(300 * time.Millisecond)
-				stop := make(chan struct{})
-				var fwg sync.WaitGroup
-				floodStart := time.Now()
-				floodDeadline := floodStart.Add(slice + 500*time.Millisecond)
-				fl := &ph.fl[m]
-				for i := 0; i < floodConns; i++ {
-					fwg.Add(1)
-					go func(i int) {
-						defer fwg.Done()
-						fl.run(t.url, floodIP, ph.evs[i], &ph.cursor[i], md.events, md.reqs, expensive, floodDeadline, stop)
-					}(i)
-				}
-				time.Sleep(500 * time.Millisecond) // the flood is on before the victim starts
-				verr := runVictims(&ph.flood[m], t.url, victims, victimIPs, slice)
-				close(stop)
-				fwg.Wait()
-				fl.secs += time.Since(floodStart).Seconds()
-				if verr != nil {
-					return nil, verr
-				}
-				time.Sleep(700 * time.Millisecond) // let the relay drain before the next slice
-			}
-		}
-	}
+	f.slice = max(f.cfg.Duration/time.Duration(f.rounds), 2*time.Second)
+}
 
-	type worst struct {
-		ratio, evP99, reqP99, evP50x, reqP50x float64
-		ev, rq                                float64
-	}
-	summarize := func(alone, fl *victimStats) worst {
-		ea, ra, ef, rf := alone.ev.Summary(), alone.req.Summary(), fl.ev.Summary(), fl.req.Summary()
-		w := worst{ev: ratio(ef.P99ms, ea.P99ms), rq: ratio(rf.P99ms, ra.P99ms), evP99: ef.P99ms, reqP99: rf.P99ms,
-			evP50x: ratio(ef.P50ms, ea.P50ms), reqP50x: ratio(rf.P50ms, ra.P50ms)}
-		w.ratio = max(w.ev, w.rq)
-		return w
-	}
-	both := len(modes) - 1
-	for _, t := range targets {
-		ph := phases[t.label]
-		res.Rows = append(res.Rows, ph.alone.rows(t.label+"/alone")...)
-		for m, md := range modes {
-			res.Rows = append(res.Rows, ph.flood[m].rows(t.label+"/"+md.name)...)
-			frows := ph.fl[m].rows(t.label + "/" + md.name)
-			if md.events {
-				res.Rows = append(res.Rows, frows[0])
+// measure runs interleaved slices (alone, then each flood, per target, round after round) so the
+// noise of a shared machine falls on both sides of each ratio alike.
+func (f *flood) measure() error {
+	for r := 0; r < f.rounds; r++ {
+		for _, t := range f.targets {
+			ph := f.phases[t.label]
+			f.cfg.logf("flood: round %d/%d [limits %s] victim alone, then under each flood (%s slices)", r+1, f.rounds, t.label, f.slice)
+			if err := runVictims(&ph.alone, t.url, f.victims, f.victimIPs, f.slice); err != nil {
+				return err
 			}
-			if md.reqs {
-				res.Rows = append(res.Rows, frows[1])
+			for m, md := range floodModes {
+				if err := f.floodSlice(t.url, ph, m, md); err != nil {
+					return err
+				}
 			}
-			w := summarize(&ph.alone, &ph.flood[m])
-			res.Extra[fmt.Sprintf("p99_ratio_event_%s_%s", md.name, t.label)] = w.ev
-			res.Extra[fmt.Sprintf("p99_ratio_req_%s_%s", md.name, t.label)] = w.rq
-			res.Extra[fmt.Sprintf("flooder_rate_limited_%s_%s", md.name, t.label)] = ph.fl[m].evReplies.Map()["rate-limited"] + ph.fl[m].reqReplies.Map()["rate-limited"]
 		}
-		ea, ra := ph.alone.ev.Summary(), ph.alone.req.Summary()
-		line := fmt.Sprintf("limits %s (%s): victim alone p99 EVENT->OK %.2f ms, REQ->EOSE %.2f ms; p99 under flood / alone:", t.label, t.desc, ea.P99ms, ra.P99ms)
-		for m, md := range modes {
-			w := summarize(&ph.alone, &ph.flood[m])
-			line += fmt.Sprintf(" [%s] EVENT->OK %.2f ms = %.1fx, REQ->EOSE %.2f ms = %.1fx (p50 %.1fx, %.1fx);", md.name, w.evP99, w.ev, w.reqP99, w.rq, w.evP50x, w.reqP50x)
-		}
-		res.Notes = append(res.Notes, strings.TrimSuffix(line, ";"))
 	}
-	head := targets[0].label
-	hw := summarize(&phases[head].alone, &phases[head].flood[both])
+	return nil
+}
+
+// floodSlice measures the victim for one slice while the flooder sends mode md.
+func (f *flood) floodSlice(url string, ph *floodPhase, m int, md floodMode) error {
+	time.Sleep(300 * time.Millisecond)
+	stop := make(chan struct{})
+	var fwg sync.WaitGroup
+	floodStart := time.Now()
+	floodDeadline := floodStart.Add(f.slice + 500*time.Millisecond)
+	fl := &ph.fl[m]
+	for i := 0; i < floodConns; i++ {
+		fwg.Add(1)
+		go func(i int) {
+			defer fwg.Done()
+			fl.run(url, f.floodIP, ph.evs[i], &ph.cursor[i], md, f.expensive, floodDeadline, stop)
+		}(i)
+	}
+	time.Sleep(500 * time.Millisecond) // the flood is on before the victim starts
+	verr := runVictims(&ph.flood[m], url, f.victims, f.victimIPs, f.slice)
+	close(stop)
+	fwg.Wait()
+	fl.secs += time.Since(floodStart).Seconds()
+	if verr != nil {
+		return verr
+	}
+	time.Sleep(700 * time.Millisecond) // let the relay drain before the next slice
+	return nil
+}
+
+// floodWorst compares the victim under a flood with the victim alone.
+type floodWorst struct {
+	ratio, evP99, reqP99, evP50x, reqP50x float64
+	ev, rq                                float64
+}
+
+func summarizeFlood(alone, fl *victimStats) floodWorst {
+	ea, ra, ef, rf := alone.ev.Summary(), alone.req.Summary(), fl.ev.Summary(), fl.req.Summary()
+	w := floodWorst{ev: ratio(ef.P99ms, ea.P99ms), rq: ratio(rf.P99ms, ra.P99ms), evP99: ef.P99ms, reqP99: rf.P99ms,
+		evP50x: ratio(ef.P50ms, ea.P50ms), reqP50x: ratio(rf.P50ms, ra.P50ms)}
+	w.ratio = max(w.ev, w.rq)
+	return w
+}
+
+// report writes the rows and notes: per target, the headline, then how the run was made.
+func (f *flood) report() {
+	for _, t := range f.targets {
+		f.reportTarget(t)
+	}
+	f.reportHeadline()
+	f.reportSetup()
+}
+
+// reportTarget adds a target's rows, ratios and summary line.
+func (f *flood) reportTarget(t floodTarget) {
+	res, ph := f.res, f.phases[t.label]
+	res.Rows = append(res.Rows, ph.alone.rows(t.label+"/alone")...)
+	line := fmt.Sprintf("limits %s (%s): victim alone p99 EVENT->OK %.2f ms, REQ->EOSE %.2f ms; p99 under flood / alone:",
+		t.label, t.desc, ph.alone.ev.Summary().P99ms, ph.alone.req.Summary().P99ms)
+	for m, md := range floodModes {
+		res.Rows = append(res.Rows, ph.flood[m].rows(t.label+"/"+md.name)...)
+		frows := ph.fl[m].rows(t.label + "/" + md.name)
+		if md.events {
+			res.Rows = append(res.Rows, frows[0])
+		}
+		if md.reqs {
+			res.Rows = append(res.Rows, frows[1])
+		}
+		w := summarizeFlood(&ph.alone, &ph.flood[m])
+		res.Extra[fmt.Sprintf("p99_ratio_event_%s_%s", md.name, t.label)] = w.ev
+		res.Extra[fmt.Sprintf("p99_ratio_req_%s_%s", md.name, t.label)] = w.rq
+		res.Extra[fmt.Sprintf("flooder_rate_limited_%s_%s", md.name, t.label)] = ph.fl[m].evReplies.Map()["rate-limited"] + ph.fl[m].reqReplies.Map()["rate-limited"]
+		line += fmt.Sprintf(" [%s] EVENT->OK %.2f ms = %.1fx, REQ->EOSE %.2f ms = %.1fx (p50 %.1fx, %.1fx);", md.name, w.evP99, w.ev, w.reqP99, w.rq, w.evP50x, w.reqP50x)
+	}
+	res.Notes = append(res.Notes, strings.TrimSuffix(line, ";"))
+}
+
+// reportHeadline sets the ratio: the full flood against the first target (limits on), and the
+// limits-off contrast.
+func (f *flood) reportHeadline() {
+	res, both := f.res, len(floodModes)-1
+	head := f.targets[0].label
+	hw := summarizeFlood(&f.phases[head].alone, &f.phases[head].flood[both])
 	res.Ratio = hw.ratio
 	res.RatioWhat = fmt.Sprintf("victim p99 under flood (EVENTs + expensive REQs) / alone, limits %s (the larger of EVENT->OK and REQ->EOSE)", head)
-	fl := &phases[head].fl[both]
+	fl := &f.phases[head].fl[both]
 	res.Notes = append(res.Notes, fmt.Sprintf("bound (this run, limits %s): victim p99 under flood <= %.1fx alone (EVENT->OK p99 %.2f ms, REQ->EOSE p99 %.2f ms under flood); the flooder got %d rate-limited: OKs and %d rate-limited: CLOSEDs",
 		head, hw.ratio, hw.evP99, hw.reqP99, fl.evReplies.Map()["rate-limited"], fl.reqReplies.Map()["rate-limited"]))
-	if off, ok := phases["off"]; ok {
-		ow := summarize(&off.alone, &off.flood[both])
+	if off, ok := f.phases["off"]; ok {
+		ow := summarizeFlood(&off.alone, &off.flood[both])
 		res.Notes = append(res.Notes, fmt.Sprintf("contrast, limits off: victim p99 under the same flood <= %.1fx alone (EVENT->OK p99 %.2f ms, REQ->EOSE p99 %.2f ms)",
 			ow.ratio, ow.evP99, ow.reqP99))
 	}
+}
+
+// reportSetup says who sent what, from where.
+func (f *flood) reportSetup() {
 	vfrom := "127.0.0.1"
-	if victimIPs[0] != "" {
-		vfrom = fmt.Sprintf("%s..%s (one IP each)", victimIPs[0], victimIPs[victimConns-1])
+	if f.victimIPs[0] != "" {
+		vfrom = fmt.Sprintf("%s..%s (one IP each)", f.victimIPs[0], f.victimIPs[victimConns-1])
 	}
-	res.Notes = append(res.Notes, fmt.Sprintf("victim: %d connections from %s, each one kind 1 EVENT->OK and one REQ {authors:[self],kinds:[1],limit:5}->EOSE per %s (missed ticks are skipped, not caught up)",
+	f.res.Notes = append(f.res.Notes, fmt.Sprintf("victim: %d connections from %s, each one kind 1 EVENT->OK and one REQ {authors:[self],kinds:[1],limit:5}->EOSE per %s (missed ticks are skipped, not caught up)",
 		victimConns, vfrom, victimTick))
-	from := floodIP
+	from := f.floodIP
 	if from == "" {
 		from = "127.0.0.1"
 	}
-	res.Notes = append(res.Notes, fmt.Sprintf("flooder: %d connections from %s, each %d EVENTs in flight (pre-signed kind 1, cycled when used up) and %d concurrent REQ {kinds:[1],limit:%d} (%d seeded events of ~450 B) as fast as replies come; %d rounds of (alone, EVENT flood, REQ flood, both) per relay, interleaved, %s each; the flood starts 0.5 s before the victim",
-		floodConns, from, floodWindow, floodReqers, floodReqLimit, floodSeed, rounds, slice))
-	res.Notes = append(res.Notes, "bench client, relays and PostgreSQL share this machine: under flood the victim also competes for CPU with the flooding client itself")
-	return res, nil
+	f.res.Notes = append(f.res.Notes, fmt.Sprintf("flooder: %d connections from %s, each %d EVENTs in flight (pre-signed kind 1, cycled when used up) and %d concurrent REQ {kinds:[1],limit:%d} (%d seeded events of ~450 B) as fast as replies come; %d rounds of (alone, EVENT flood, REQ flood, both) per relay, interleaved, %s each; the flood starts 0.5 s before the victim",
+		floodConns, from, floodWindow, floodReqers, floodReqLimit, floodSeed, f.rounds, f.slice))
+	f.res.Notes = append(f.res.Notes, "bench client, relays and PostgreSQL share this machine: under flood the victim also competes for CPU with the flooding client itself")
 }
 
 // checkLocalIP tells whether this host can bind ip (Linux routes 127/8 to lo).
@@ -345,10 +416,10 @@ func (v *victimStats) rows(label string) []Row {
 // runVictims runs the victim connections against url for dur, connection i from ips[i] ("" = any),
 // adding to v.
 func runVictims(v *victimStats, url string, users []User, ips []string, dur time.Duration) error {
-	cs := make([]*Client, len(users))
+	cs := make([]*wsclient.Client, len(users))
 	defer closeAll(cs)
 	for i := range cs {
-		c, err := DialFrom(url, ips[i], Handlers{}, 10*time.Second)
+		c, err := wsclient.DialFrom(url, ips[i], wsclient.Handlers{}, 10*time.Second)
 		if err != nil {
 			return fmt.Errorf("victim connect %s from %q: %w", url, ips[i], err)
 		}
@@ -375,7 +446,7 @@ func runVictims(v *victimStats, url string, users []User, ips []string, dur time
 				case err != nil:
 					v.ev.Add(time.Since(t0))
 					v.evErrs.Add(errClass(err))
-					if errors.Is(err, ErrClosed) {
+					if errors.Is(err, wsclient.ErrClosed) {
 						return
 					}
 				default:
@@ -390,7 +461,7 @@ func runVictims(v *victimStats, url string, users []User, ips []string, dur time
 				v.req.Add(time.Since(t1))
 				if err != nil {
 					v.reqErrs.Add(errClass(err))
-					if errors.Is(err, ErrClosed) {
+					if errors.Is(err, wsclient.ErrClosed) {
 						return
 					}
 				}
@@ -413,18 +484,16 @@ func runVictims(v *victimStats, url string, users []User, ips []string, dur time
 // ("rate-limited: ..."), "timeout" or "closed".
 func errClass(err error) string {
 	switch {
-	case errors.Is(err, ErrTimeout):
+	case errors.Is(err, wsclient.ErrTimeout):
 		return "timeout"
-	case errors.Is(err, ErrClosed):
+	case errors.Is(err, wsclient.ErrClosed):
 		return "closed"
 	}
-	s := err.Error()
-	if strings.HasPrefix(s, "CLOSED ") {
-		if i := strings.Index(s, ": "); i > 0 {
-			return s[i+2:]
-		}
+	var closed *wsclient.ClosedError
+	if errors.As(err, &closed) {
+		return closed.Reason
 	}
-	return "error: " + s
+	return "error: " + err.Error()
 }
 
 // floodStats is what the flooding connections did, summed.
@@ -453,125 +522,152 @@ func (f *floodStats) rows(label string) []Row {
 }
 
 // run is one flooding connection until deadline or stop: EVENTs with floodWindow in flight, and
-// floodReqers loops of expensive REQ (then CLOSE). It redials (at most 20 times) if the relay
-// drops it.
-func (f *floodStats) run(url, localIP string, evs []*nostr.Event, cursor *int, doEvents, doReqs bool, expensive nostr.Filter, deadline time.Time, stop <-chan struct{}) {
-	idx := *cursor
-	defer func() { *cursor = idx }()
-	sent := 0
+// floodReqers loops of expensive REQ (then CLOSE), as md says. It redials (at most 20 times) if
+// the relay drops it.
+func (f *floodStats) run(url, localIP string, evs []*nostr.Event, cursor *int, md floodMode, expensive nostr.Filter, deadline time.Time, stop <-chan struct{}) {
+	fc := &floodConn{f: f, evs: evs, idx: *cursor, md: md, expensive: expensive, deadline: deadline, stop: stop}
+	defer func() { *cursor = fc.idx }()
 	for dial := 0; dial <= 20; dial++ {
 		select {
 		case <-stop:
 			return
 		default:
 		}
-		if time.Now().After(deadline) || sent >= floodMaxMsgs {
+		if time.Now().After(deadline) || fc.sent >= floodMaxMsgs {
 			return
 		}
 		if dial > 0 {
 			f.redials.Add(1)
 			time.Sleep(50 * time.Millisecond)
 		}
-		sem := make(chan struct{}, floodWindow)
-		c, err := DialFrom(url, localIP, Handlers{
-			OnOK: func(o OK) {
-				select {
-				case <-sem:
-				default:
-				}
-				switch {
-				case o.OK && strings.HasPrefix(o.Msg, "duplicate:"):
-					f.evReplies.Add("duplicate")
-				case o.OK:
-					f.evReplies.Add("ok")
-				default:
-					f.evReplies.Add(o.Msg)
-				}
-			},
-			OnRawEvent: func(_ string, raw []byte, _ time.Time) {
-				f.rxEvents.Add(1)
-				f.rxBytes.Add(int64(len(raw)))
-			},
-		}, 10*time.Second)
+		c, sem, err := f.dial(url, localIP)
 		if err != nil {
 			continue
 		}
-		var wg sync.WaitGroup
-		for r := 0; r < floodReqers && doReqs; r++ {
-			wg.Add(1)
-			go func(r int) {
-				defer wg.Done()
-				for k := 0; k < floodMaxMsgs; k++ {
-					select {
-					case <-stop:
-						return
-					case <-c.Done():
-						return
-					default:
-					}
-					if time.Now().After(deadline) {
-						return
-					}
-					sub := fmt.Sprintf("f%d-%d", r, k)
-					f.reqSent.Add(1)
-					err := c.Req(sub, replyTimeout, expensive)
-					if err == nil {
-						f.reqReplies.Add("eose")
-					} else {
-						f.reqReplies.Add(errClass(err))
-						if errors.Is(err, ErrClosed) {
-							return
-						}
-					}
-					_ = c.CloseSub(sub)
-				}
-			}(r)
-		}
-		timer := time.NewTimer(time.Until(deadline))
-		if !doEvents {
-			select {
-			case <-stop:
-			case <-timer.C:
-			case <-c.Done():
-			}
-		}
-	send:
-		for doEvents && sent < floodMaxMsgs {
-			select {
-			case sem <- struct{}{}:
-			case <-stop:
-				break send
-			case <-timer.C:
-				break send
-			case <-c.Done():
-				break send
-			}
-			if err := c.Send(evs[idx%len(evs)]); err != nil {
-				break
-			}
-			idx++
-			sent++
-			f.evSent.Add(1)
-		}
-		timer.Stop()
-		if doEvents && sent >= floodMaxMsgs {
-			// The count bound came first: keep the REQ loops going until the deadline or stop.
-			select {
-			case <-stop:
-			case <-time.After(time.Until(deadline)):
-			case <-c.Done():
-			}
-		}
-		dropped := false
-		select {
-		case <-c.Done():
-			dropped = time.Now().Before(deadline)
-		default:
-		}
-		c.Close()
-		wg.Wait()
-		if !dropped {
+		if !fc.flood(c, sem) {
 			return
 		}
+	}
+}
+
+// floodConn is one flooding connection's state across its redials.
+type floodConn struct {
+	f         *floodStats
+	evs       []*nostr.Event
+	idx, sent int
+	md        floodMode
+	expensive nostr.Filter
+	deadline  time.Time
+	stop      <-chan struct{}
+}
+
+// dial connects a flooding connection whose OKs free a place in sem and are counted by class.
+func (f *floodStats) dial(url, localIP string) (*wsclient.Client, chan struct{}, error) {
+	sem := make(chan struct{}, floodWindow)
+	c, err := wsclient.DialFrom(url, localIP, wsclient.Handlers{
+		OnOK: func(o wsclient.OK) {
+			select {
+			case <-sem:
+			default:
+			}
+			switch {
+			case o.OK && strings.HasPrefix(o.Msg, "duplicate:"):
+				f.evReplies.Add("duplicate")
+			case o.OK:
+				f.evReplies.Add("ok")
+			default:
+				f.evReplies.Add(o.Msg)
+			}
+		},
+		OnRawEvent: func(_ string, raw []byte, _ time.Time) {
+			f.rxEvents.Add(1)
+			f.rxBytes.Add(int64(len(raw)))
+		},
+	}, 10*time.Second)
+	return c, sem, err
+}
+
+// flood floods on c until the deadline, stop, or the relay drops it; it reports whether the
+// relay dropped it before the deadline (redial).
+func (fc *floodConn) flood(c *wsclient.Client, sem chan struct{}) (dropped bool) {
+	var wg sync.WaitGroup
+	for r := 0; r < floodReqers && fc.md.reqs; r++ {
+		wg.Add(1)
+		go func(r int) {
+			defer wg.Done()
+			fc.reqLoop(c, r)
+		}(r)
+	}
+	if fc.md.events {
+		fc.sendEvents(c, sem)
+	}
+	if !fc.md.events || fc.sent >= floodMaxMsgs {
+		// No EVENTs, or the count bound came first: keep the REQ loops going until the
+		// deadline or stop.
+		select {
+		case <-fc.stop:
+		case <-time.After(time.Until(fc.deadline)):
+		case <-c.Done():
+		}
+	}
+	select {
+	case <-c.Done():
+		dropped = time.Now().Before(fc.deadline)
+	default:
+	}
+	c.Close()
+	wg.Wait()
+	return dropped
+}
+
+// sendEvents sends EVENTs with floodWindow in flight until the deadline, stop, a drop or the count bound.
+func (fc *floodConn) sendEvents(c *wsclient.Client, sem chan struct{}) {
+	timer := time.NewTimer(time.Until(fc.deadline))
+	defer timer.Stop()
+	for fc.sent < floodMaxMsgs {
+		select {
+		case sem <- struct{}{}:
+		case <-fc.stop:
+			return
+		case <-timer.C:
+			return
+		case <-c.Done():
+			return
+		}
+		if err := c.Send(fc.evs[fc.idx%len(fc.evs)]); err != nil {
+			return
+		}
+		fc.idx++
+		fc.sent++
+		fc.f.evSent.Add(1)
+	}
+}
+
+// reqLoop is one of the floodReqers loops of expensive REQ then CLOSE.
+func (fc *floodConn) reqLoop(c *wsclient.Client, r int) {
+	f := fc.f
+	for k := 0; k < floodMaxMsgs; k++ {
+		select {
+		case <-fc.stop:
+			return
+		case <-c.Done():
+			return
+		default:
+		}
+		if time.Now().After(fc.deadline) {
+			return
+		}
+		sub := fmt.Sprintf("f%d-%d", r, k)
+		f.reqSent.Add(1)
+		err := c.Req(sub, replyTimeout, fc.expensive)
+		if err == nil {
+			f.reqReplies.Add("eose")
+		} else {
+			f.reqReplies.Add(errClass(err))
+			if errors.Is(err, wsclient.ErrClosed) {
+				return
+			}
+		}
+		_ = c.CloseSub(sub)
 	}
 }

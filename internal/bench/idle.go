@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/buzzpg/buzzpg/internal/wsclient"
 	"github.com/nbd-wtf/go-nostr"
 )
 
@@ -16,13 +17,13 @@ const idlePerIP = 500
 // and to a feed of 50 other authors (kinds 1, 6, 7), none of whom posts in the scenario. They
 // receive nothing, so they measure what live delivery spends on connections that want none of
 // the traffic. They connect from 127.0.1.x, idlePerIP to an address.
-func dialIdle(relays []string, n int, logf func(string, ...any)) ([]*Client, error) {
+func dialIdle(relays []string, n int, logf func(string, ...any)) ([]*wsclient.Client, error) {
 	if n <= 0 {
 		return nil, nil
 	}
 	logf("idle: %d connections (authenticated, snapshots + a 50-author feed each)", n)
 	// Connection setup only, not part of any measurement: 32 at a time.
-	return dialEach(n, 32, func(i int) (*Client, error) {
+	return dialEach(n, 32, func(i int) (*wsclient.Client, error) {
 		c, err := idleConn(relays[i%len(relays)], fmt.Sprintf("127.0.1.%d", 1+i/idlePerIP))
 		if err != nil {
 			err = fmt.Errorf("idle connection %d: %w", i, err)
@@ -31,8 +32,8 @@ func dialIdle(relays []string, n int, logf func(string, ...any)) ([]*Client, err
 	})
 }
 
-func idleConn(relay, localIP string) (*Client, error) {
-	c, err := DialFrom(relay, localIP, Handlers{}, 10*time.Second)
+func idleConn(relay, localIP string) (*wsclient.Client, error) {
+	c, err := wsclient.DialFrom(relay, localIP, wsclient.Handlers{}, 10*time.Second)
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/buzzpg/buzzpg/internal/db"
 	"github.com/buzzpg/buzzpg/internal/store"
+	"github.com/buzzpg/buzzpg/internal/wsclient"
 )
 
 // Config is what every scenario gets from the command line.
@@ -142,13 +143,13 @@ func runWorkers(perWorker []int, rate float64, dur time.Duration, do job) Row {
 
 // dialAll opens n connections round-robin over the relays, authenticating connection i as
 // auth(i) when auth is non-nil.
-func dialAll(relays []string, n int, auth func(i int) string, h func(i int) Handlers) ([]*Client, error) {
-	return dialEach(n, n, func(i int) (*Client, error) {
-		var hh Handlers
+func dialAll(relays []string, n int, auth func(i int) string, h func(i int) wsclient.Handlers) ([]*wsclient.Client, error) {
+	return dialEach(n, n, func(i int) (*wsclient.Client, error) {
+		var hh wsclient.Handlers
 		if h != nil {
 			hh = h(i)
 		}
-		c, err := Dial(relays[i%len(relays)], hh, 10*time.Second)
+		c, err := wsclient.Dial(relays[i%len(relays)], hh, 10*time.Second)
 		if err == nil && auth != nil {
 			if sk := auth(i); sk != "" {
 				err = c.Auth(sk, 10*time.Second, nil)
@@ -163,8 +164,8 @@ func dialAll(relays []string, n int, auth func(i int) string, h func(i int) Hand
 
 // dialEach sets up connections 0..n-1 with dial, at most parallel at once; on any error it closes
 // every one and returns the first error.
-func dialEach(n, parallel int, dial func(i int) (*Client, error)) ([]*Client, error) {
-	cs := make([]*Client, n)
+func dialEach(n, parallel int, dial func(i int) (*wsclient.Client, error)) ([]*wsclient.Client, error) {
+	cs := make([]*wsclient.Client, n)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var first error
@@ -192,7 +193,7 @@ func dialEach(n, parallel int, dial func(i int) (*Client, error)) ([]*Client, er
 	return cs, nil
 }
 
-func closeAll(cs []*Client) {
+func closeAll(cs []*wsclient.Client) {
 	for _, c := range cs {
 		if c != nil {
 			c.Close()
@@ -201,13 +202,13 @@ func closeAll(cs []*Client) {
 }
 
 // publishJob publishes evs[w][k] on cs[w] and waits for the OK.
-func publishJob(cs []*Client, evs [][]*nostr.Event) job {
+func publishJob(cs []*wsclient.Client, evs [][]*nostr.Event) job {
 	return func(w, k int) (time.Duration, string, bool) {
 		ev := evs[w][k]
 		t0 := time.Now()
 		o, err := cs[w].Publish(ev, 30*time.Second)
 		switch {
-		case err == ErrTimeout:
+		case err == wsclient.ErrTimeout:
 			return time.Since(t0), "timeout", true
 		case err != nil:
 			return time.Since(t0), "closed", false

@@ -44,6 +44,31 @@ func StartServe(o ProcOpts, timeout time.Duration) (*Proc, error) {
 	if o.LogLevel == "" {
 		o.LogLevel = "info"
 	}
+	deadline := time.Now().Add(timeout)
+	p, stderr, err := startProc(o)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case addr := <-listeningAddr(stderr):
+		p.Addr = addr
+		p.URL = "ws://" + addr
+		p.HTTPURL = "http://" + addr
+	case <-p.done:
+		return nil, fmt.Errorf("buzzpg serve %s exited before listening: %v (log %s)", o.InstanceID, p.exitErr, o.LogPath)
+	case <-time.After(timeout):
+		p.Kill()
+		return nil, fmt.Errorf("buzzpg serve %s did not listen within %s (log %s)", o.InstanceID, timeout, o.LogPath)
+	}
+	if err := p.waitReady(deadline, timeout); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// startProc starts `buzzpg serve` in its own process group, its output appended to o.LogPath;
+// stderr is a copy of its standard error.
+func startProc(o ProcOpts) (p *Proc, stderr io.Reader, err error) {
 	cmd := exec.Command(o.Bin, "serve")
 	cmd.Env = append(os.Environ(),
 		"DATABASE_URL="+o.DatabaseURL,
@@ -61,7 +86,7 @@ func StartServe(o ProcOpts, timeout time.Duration) (*Proc, error) {
 	if o.LogPath != "" {
 		f, err := os.OpenFile(o.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		logf, logw = f, f
 	}
@@ -70,9 +95,9 @@ func StartServe(o ProcOpts, timeout time.Duration) (*Proc, error) {
 	cmd.Stderr = io.MultiWriter(logw, pw)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	p := &Proc{Opts: o, cmd: cmd, done: make(chan struct{})}
+	p = &Proc{Opts: o, cmd: cmd, done: make(chan struct{})}
 	go func() {
 		p.exitErr = cmd.Wait()
 		pw.Close()
@@ -81,9 +106,15 @@ func StartServe(o ProcOpts, timeout time.Duration) (*Proc, error) {
 		}
 		close(p.done)
 	}()
+	return p, pr, nil
+}
+
+// listeningAddr reads the JSON log for the "listening" line and sends its address; the rest of
+// the log is drained.
+func listeningAddr(log io.Reader) <-chan string {
 	addrc := make(chan string, 1)
 	go func() {
-		sc := bufio.NewScanner(pr)
+		sc := bufio.NewScanner(log)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		sent := false
 		for sc.Scan() {
@@ -99,32 +130,26 @@ func StartServe(o ProcOpts, timeout time.Duration) (*Proc, error) {
 				sent = true
 			}
 		}
-		_, _ = io.Copy(io.Discard, pr)
+		_, _ = io.Copy(io.Discard, log)
 	}()
-	deadline := time.Now().Add(timeout)
-	select {
-	case addr := <-addrc:
-		p.Addr = addr
-		p.URL = "ws://" + addr
-		p.HTTPURL = "http://" + addr
-	case <-p.done:
-		return nil, fmt.Errorf("buzzpg serve %s exited before listening: %v (log %s)", o.InstanceID, p.exitErr, o.LogPath)
-	case <-time.After(timeout):
-		p.Kill()
-		return nil, fmt.Errorf("buzzpg serve %s did not listen within %s (log %s)", o.InstanceID, timeout, o.LogPath)
-	}
+	return addrc
+}
+
+// waitReady polls /readyz until it answers 200, the process exits, or the deadline (then it is killed).
+func (p *Proc) waitReady(deadline time.Time, timeout time.Duration) error {
+	o := p.Opts
 	for {
 		if err := Ready(p.HTTPURL); err == nil {
-			return p, nil
+			return nil
 		}
 		select {
 		case <-p.done:
-			return nil, fmt.Errorf("buzzpg serve %s exited before ready: %v (log %s)", o.InstanceID, p.exitErr, o.LogPath)
+			return fmt.Errorf("buzzpg serve %s exited before ready: %v (log %s)", o.InstanceID, p.exitErr, o.LogPath)
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
 			p.Kill()
-			return nil, fmt.Errorf("buzzpg serve %s not ready within %s (log %s)", o.InstanceID, timeout, o.LogPath)
+			return fmt.Errorf("buzzpg serve %s not ready within %s (log %s)", o.InstanceID, timeout, o.LogPath)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/buzzpg/buzzpg/internal/wsclient"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nbd-wtf/go-nostr"
@@ -81,8 +82,7 @@ func DM(cfg *Config) ([]*Result, error) {
 		return nil, err
 	}
 	defer pool.Close()
-	pairsPerWorker := 2
-	np := cfg.Conns * pairsPerWorker
+	np := cfg.Conns * dmPairsPerWorker
 	cfg.logf("dm: opening %d DMs (setup)", 6*np)
 	sets := make([][]dmPair, 6)
 	for i := range sets {
@@ -90,87 +90,18 @@ func DM(cfg *Config) ([]*Result, error) {
 			return nil, err
 		}
 	}
-	perWorker := cfg.N / cfg.Conns
-	if perWorker < 10 {
-		perWorker = 10
-	}
-	// build: worker w owns pairs w*pairsPerWorker.. and interleaves them.
-	build := func(pairs []dmPair, mix bool) [][]*nostr.Event {
-		out := make([][]*nostr.Event, cfg.Conns)
-		var wg sync.WaitGroup
-		for w := 0; w < cfg.Conns; w++ {
-			wg.Add(1)
-			go func(w int) {
-				defer wg.Done()
-				for k := 0; k < perWorker; k++ {
-					p := pairs[w*pairsPerWorker+k%pairsPerWorker]
-					step := (k / pairsPerWorker) % 10
-					h := nostr.Tags{{"h", p.Ch}}
-					var ev *nostr.Event
-					switch {
-					case mix && step == 0:
-						ev = p.B.Sign(41012, h, "")
-					case mix && step == 5:
-						ev = p.A.Sign(41012, h, "")
-					case step%2 == 1:
-						ev = p.A.Sign(9, h, "hello "+strconv.Itoa(k))
-					default:
-						ev = p.B.Sign(9, h, "hi "+strconv.Itoa(k))
-					}
-					out[w] = append(out[w], ev)
-				}
-			}(w)
-		}
-		wg.Wait()
-		return out
-	}
-	// buildResurface: per unit k of worker w, on pair w*pairsPerWorker+k%pairsPerWorker, B hides
-	// and then A sends a message, which clears that hide: every message resurfaces the DM for B.
+	perWorker := max(cfg.N/cfg.Conns, 10)
 	units := perWorker / 2
-	buildResurface := func(pairs []dmPair) [][]*nostr.Event {
-		out := make([][]*nostr.Event, cfg.Conns)
-		var wg sync.WaitGroup
-		for w := 0; w < cfg.Conns; w++ {
-			wg.Add(1)
-			go func(w int) {
-				defer wg.Done()
-				for k := 0; k < units; k++ {
-					p := pairs[w*pairsPerWorker+k%pairsPerWorker]
-					h := nostr.Tags{{"h", p.Ch}}
-					out[w] = append(out[w], p.B.Sign(41012, h, ""), p.A.Sign(9, h, "back "+strconv.Itoa(k)))
-				}
-			}(w)
-		}
-		wg.Wait()
-		return out
-	}
 	cfg.logf("dm: pre-signing %d events", 6*perWorker*cfg.Conns)
-	hotR, hotS, mixR, mixS := build(sets[0], false), build(sets[1], false), build(sets[2], true), build(sets[3], true)
-	resR, resS := buildResurface(sets[4]), buildResurface(sets[5])
+	hotR, hotS := dmSequences(cfg.Conns, sets[0], perWorker, false), dmSequences(cfg.Conns, sets[1], perWorker, false)
+	mixR, mixS := dmSequences(cfg.Conns, sets[2], perWorker, true), dmSequences(cfg.Conns, sets[3], perWorker, true)
+	resR, resS := dmResurfaceSequences(cfg.Conns, sets[4], units), dmResurfaceSequences(cfg.Conns, sets[5], units)
 
-	run := func(name string, relayEvs, sqlEvs [][]*nostr.Event, what string) (*Result, error) {
-		res := newResult(name, cfg)
-		cs, err := dialAll(cfg.Relays, cfg.Conns, nil, nil)
-		if err != nil {
-			return nil, err
-		}
-		cfg.logf("%s: relay run", name)
-		row := runWorkers(counts(relayEvs), cfg.Rate, cfg.Duration, publishJob(cs, relayEvs))
-		closeAll(cs)
-		row.Name, row.Conns = what+" via relay", cfg.Conns
-		cfg.logf("%s: SQL baseline", name)
-		base := runWorkers(counts(sqlEvs), cfg.Rate, cfg.Duration, sqlJob(pool, marshalAll(sqlEvs)))
-		base.Name, base.Conns, base.Baseline = "buzz.accept_event "+what, cfg.Conns, true
-		res.Rows = append(res.Rows, row, base)
-		res.Ratio = ratio(row.Rate, base.Rate)
-		res.RatioWhat = fmt.Sprintf("relay rate / accept_event rate, both with %d concurrent connections", cfg.Conns)
-		return res, nil
-	}
-	hot, err := run("dm-hot", hotR, hotS, "kind 9, no hides")
+	hot, err := dmRun(cfg, pool, "dm-hot", hotR, hotS, "kind 9, no hides")
 	if err != nil {
 		return nil, err
 	}
-	mix, err := run("dm-mix", mixR, mixS, "20% hide, 20% resurfacing")
+	mix, err := dmRun(cfg, pool, "dm-mix", mixR, mixS, "20% hide, 20% resurfacing")
 	if err != nil {
 		return nil, err
 	}
@@ -188,6 +119,82 @@ func DM(cfg *Config) ([]*Result, error) {
 			ratio(res.Rows[0].Rate, hot.Rows[1].Rate)))
 	}
 	return []*Result{hot, mix, res}, nil
+}
+
+// dmPairsPerWorker is how many DMs each worker of the dm scenario interleaves.
+const dmPairsPerWorker = 2
+
+// signPerWorker signs each of conns workers' sequences in parallel.
+func signPerWorker(conns int, sign func(w int) []*nostr.Event) [][]*nostr.Event {
+	out := make([][]*nostr.Event, conns)
+	var wg sync.WaitGroup
+	for w := 0; w < conns; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			out[w] = sign(w)
+		}(w)
+	}
+	wg.Wait()
+	return out
+}
+
+// dmSequences gives worker w n events on its pairs w*dmPairsPerWorker.., interleaved: messages
+// both ways, and with mix a hide by each side in every cycle of 10.
+func dmSequences(conns int, pairs []dmPair, n int, mix bool) [][]*nostr.Event {
+	return signPerWorker(conns, func(w int) []*nostr.Event {
+		var evs []*nostr.Event
+		for k := 0; k < n; k++ {
+			p := pairs[w*dmPairsPerWorker+k%dmPairsPerWorker]
+			step := (k / dmPairsPerWorker) % 10
+			h := nostr.Tags{{"h", p.Ch}}
+			switch {
+			case mix && step == 0:
+				evs = append(evs, p.B.Sign(41012, h, ""))
+			case mix && step == 5:
+				evs = append(evs, p.A.Sign(41012, h, ""))
+			case step%2 == 1:
+				evs = append(evs, p.A.Sign(9, h, "hello "+strconv.Itoa(k)))
+			default:
+				evs = append(evs, p.B.Sign(9, h, "hi "+strconv.Itoa(k)))
+			}
+		}
+		return evs
+	})
+}
+
+// dmResurfaceSequences: per unit k of worker w, on pair w*dmPairsPerWorker+k%dmPairsPerWorker, B
+// hides and then A sends a message, which clears that hide: every message resurfaces the DM for B.
+func dmResurfaceSequences(conns int, pairs []dmPair, units int) [][]*nostr.Event {
+	return signPerWorker(conns, func(w int) []*nostr.Event {
+		var evs []*nostr.Event
+		for k := 0; k < units; k++ {
+			p := pairs[w*dmPairsPerWorker+k%dmPairsPerWorker]
+			h := nostr.Tags{{"h", p.Ch}}
+			evs = append(evs, p.B.Sign(41012, h, ""), p.A.Sign(9, h, "back "+strconv.Itoa(k)))
+		}
+		return evs
+	})
+}
+
+// dmRun publishes relayEvs through the relays, then accepts sqlEvs in SQL on as many connections.
+func dmRun(cfg *Config, pool *pgxpool.Pool, name string, relayEvs, sqlEvs [][]*nostr.Event, what string) (*Result, error) {
+	res := newResult(name, cfg)
+	cs, err := dialAll(cfg.Relays, cfg.Conns, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	cfg.logf("%s: relay run", name)
+	row := runWorkers(counts(relayEvs), cfg.Rate, cfg.Duration, publishJob(cs, relayEvs))
+	closeAll(cs)
+	row.Name, row.Conns = what+" via relay", cfg.Conns
+	cfg.logf("%s: SQL baseline", name)
+	base := runWorkers(counts(sqlEvs), cfg.Rate, cfg.Duration, sqlJob(pool, marshalAll(sqlEvs)))
+	base.Name, base.Conns, base.Baseline = "buzz.accept_event "+what, cfg.Conns, true
+	res.Rows = append(res.Rows, row, base)
+	res.Ratio = ratio(row.Rate, base.Rate)
+	res.RatioWhat = fmt.Sprintf("relay rate / accept_event rate, both with %d concurrent connections", cfg.Conns)
+	return res, nil
 }
 
 // dmResurface runs the "every message resurfaces someone" DM run: evs[w] is (hide, message)
@@ -281,73 +288,115 @@ func hiddenSet(ev *nostr.Event) map[string]bool {
 // buzz.visibility_source, sign, buzz.publish_visibility_snapshot -- the listener's work without
 // queueing, replication and the WebSocket hops; one pool connection per pair.
 func Converge(cfg *Config) (*Result, error) {
-	res := newResult("converge", cfg)
-	relayPK, err := RelayPubkey(cfg.Relays[0])
+	c := &converge{cfg: cfg, res: newResult("converge", cfg), k: cfg.Conns}
+	var err error
+	if c.relayPK, err = RelayPubkey(cfg.Relays[0]); err != nil {
+		return nil, err
+	}
+	if c.pool, err = openPool(cfg, cfg.Conns+2); err != nil {
+		return nil, err
+	}
+	defer c.pool.Close()
+	if c.pairs, err = openPairs(c.pool, c.k); err != nil {
+		return nil, err
+	}
+	defer c.close()
+	if err := c.connect(); err != nil {
+		return nil, err
+	}
+	c.pace()
+	row := c.relayRun()
+	if cfg.RelayKey == "" {
+		c.res.Notes = append(c.res.Notes, "no --relay-key: SQL baseline skipped")
+		return c.res, nil
+	}
+	base, err := c.baseline()
 	if err != nil {
 		return nil, err
 	}
-	pool, err := openPool(cfg, cfg.Conns+2)
-	if err != nil {
-		return nil, err
+	c.res.Rows = append(c.res.Rows, base)
+	c.res.Ratio = ratio(row.Latency.P50ms, base.Latency.P50ms)
+	c.res.RatioWhat = "relay p50 (message OK -> live snapshot) / SQL p50 (accept message -> snapshot published)"
+	return c.res, nil
+}
+
+// converge is one run of the converge scenario: k pairs, each a viewer (B) subscribed to its
+// snapshots and a sender (A) whose message resurfaces the DM the viewer hid.
+type converge struct {
+	cfg              *Config
+	res              *Result
+	relayPK          string
+	pool             *pgxpool.Pool
+	k                int
+	pairs            []dmPair
+	sinks            []*snapSink
+	viewers, senders []*wsclient.Client
+	perWorker        []int
+	rate             float64
+}
+
+func (c *converge) close() {
+	closeAll(c.senders)
+	closeAll(c.viewers)
+}
+
+// connect dials the viewers (on the first relay, subscribed to their snapshots) and the senders
+// (on the last).
+func (c *converge) connect() (err error) {
+	c.sinks = make([]*snapSink, c.k)
+	for i := range c.sinks {
+		c.sinks[i] = &snapSink{ch: make(chan snapRecv, 4096)}
 	}
-	defer pool.Close()
-	k := cfg.Conns
-	pairs, err := openPairs(pool, k)
-	if err != nil {
-		return nil, err
-	}
-	sinks := make([]*snapSink, k)
-	for i := range sinks {
-		sinks[i] = &snapSink{ch: make(chan snapRecv, 4096)}
-	}
-	viewers, err := dialAll(cfg.Relays[:1], k, func(i int) string { return pairs[i].B.SK }, func(i int) Handlers {
-		return Handlers{OnEvent: func(sub string, ev *nostr.Event, _ []byte, at time.Time) {
+	c.viewers, err = dialAll(c.cfg.Relays[:1], c.k, func(i int) string { return c.pairs[i].B.SK }, func(i int) wsclient.Handlers {
+		return wsclient.Handlers{OnEvent: func(sub string, ev *nostr.Event, at time.Time) {
 			if ev.Kind == 30622 {
 				select {
-				case sinks[i].ch <- snapRecv{hiddenSet(ev), at}:
+				case c.sinks[i].ch <- snapRecv{hiddenSet(ev), at}:
 				default:
 				}
 			}
 		}}
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	defer closeAll(viewers)
-	senders, err := dialAll(cfg.Relays[len(cfg.Relays)-1:], k, nil, nil)
-	if err != nil {
-		return nil, err
+	if c.senders, err = dialAll(c.cfg.Relays[len(c.cfg.Relays)-1:], c.k, nil, nil); err != nil {
+		return err
 	}
-	defer closeAll(senders)
-	for i, v := range viewers {
-		f := nostr.Filter{Kinds: []int{30622}, Authors: []string{relayPK}, Tags: nostr.TagMap{"p": {pairs[i].B.PK}}}
+	for i, v := range c.viewers {
+		f := nostr.Filter{Kinds: []int{30622}, Authors: []string{c.relayPK}, Tags: nostr.TagMap{"p": {c.pairs[i].B.PK}}}
 		if err := v.Req("snap", 10*time.Second, f); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	iters := cfg.N / k
-	if iters < 1 {
-		iters = 1
+	return nil
+}
+
+// pace sets the rounds per pair and the rate. A viewer's snapshots need strictly increasing
+// created_at at most 10 s ahead of the clock (docs/protocol.md), so one viewer sustains about
+// one snapshot per second; each round trip makes two. Unless --rate says otherwise, pace every
+// pair to one round trip per 2.2 s so the figure is the pipeline's latency, not the clock's.
+func (c *converge) pace() {
+	iters := max(c.cfg.N/c.k, 1)
+	c.rate = c.cfg.Rate
+	if c.rate <= 0 {
+		c.rate = float64(c.k) / 2.2
 	}
-	// A viewer's snapshots need strictly increasing created_at at most 10 s ahead of the clock
-	// (PROTOCOL.md), so one viewer sustains about one snapshot per second; each round trip makes
-	// two. Unless --rate says otherwise, pace every pair to one round trip per 2.2 s so the figure
-	// is the pipeline's latency, not the clock's.
-	rate := cfg.Rate
-	if rate <= 0 {
-		rate = float64(k) / 2.2
+	c.perWorker = make([]int, c.k)
+	for i := range c.perWorker {
+		c.perWorker[i] = iters
 	}
+}
+
+// relayRun measures hide -> snapshot, then message -> resurfaced snapshot, through the relays.
+func (c *converge) relayRun() Row {
 	var hideLat Latencies
 	var hideErrs Errors
-	perWorker := make([]int, k)
-	for i := range perWorker {
-		perWorker[i] = iters
-	}
-	cfg.logf("converge: %d pairs, relay run", k)
-	row := runWorkers(perWorker, rate, cfg.Duration, func(w, it int) (time.Duration, string, bool) {
-		p, s := pairs[w], sinks[w]
+	c.cfg.logf("converge: %d pairs, relay run", c.k)
+	row := runWorkers(c.perWorker, c.rate, c.cfg.Duration, func(w, it int) (time.Duration, string, bool) {
+		p, s := c.pairs[w], c.sinks[w]
 		hide := p.B.Sign(41012, nostr.Tags{{"h", p.Ch}}, "")
-		o, err := viewers[w].Publish(hide, 30*time.Second)
+		o, err := c.viewers[w].Publish(hide, 30*time.Second)
 		if err != nil || !o.OK {
 			hideErrs.Add(fmt.Sprintf("%v%s", err, o.Msg))
 			return 0, "hide failed", false
@@ -359,7 +408,7 @@ func Converge(cfg *Config) (*Result, error) {
 		}
 		hideLat.Add(at.Sub(o.At))
 		msg := p.A.Sign(9, nostr.Tags{{"h", p.Ch}}, "resurface "+strconv.Itoa(it))
-		o, err = senders[w].Publish(msg, 30*time.Second)
+		o, err = c.senders[w].Publish(msg, 30*time.Second)
 		if err != nil || !o.OK {
 			return 0, fmt.Sprintf("%v%s", err, o.Msg), err == nil
 		}
@@ -367,71 +416,79 @@ func Converge(cfg *Config) (*Result, error) {
 		if !ok {
 			return 30 * time.Second, "timeout: no resurfaced snapshot", true
 		}
-		lat := at.Sub(o.At)
-		if lat < 0 {
-			lat = 0
-		}
-		return lat, "", true
+		return max(at.Sub(o.At), 0), "", true
 	})
-	row.Name, row.Conns = "message OK -> live 30622", k
-	row.Note = fmt.Sprintf("paced to %.1f round trips/s in all (hide, its snapshot, message, its snapshot); a viewer sustains ~1 snapshot/s", rate)
+	row.Name, row.Conns = "message OK -> live 30622", c.k
+	row.Note = fmt.Sprintf("paced to %.1f round trips/s in all (hide, its snapshot, message, its snapshot); a viewer sustains ~1 snapshot/s", c.rate)
 	hs := hideLat.Summary()
-	res.Rows = append(res.Rows, row, Row{Name: "hide OK -> live 30622", Conns: k, Count: hs.N, Latency: hs, Errors: hideErrs.Map()})
+	c.res.Rows = append(c.res.Rows, row, Row{Name: "hide OK -> live 30622", Conns: c.k, Count: hs.N, Latency: hs, Errors: hideErrs.Map()})
+	return row
+}
 
-	if cfg.RelayKey == "" {
-		res.Notes = append(res.Notes, "no --relay-key: SQL baseline skipped")
-		return res, nil
-	}
-	bpairs, err := openPairs(pool, k)
+// baseline is the same chain in SQL on fresh pairs: accept the hide, then accept the message
+// and source, sign and publish the snapshot in one transaction.
+func (c *converge) baseline() (Row, error) {
+	bpairs, err := openPairs(c.pool, c.k)
 	if err != nil {
-		return nil, err
+		return Row{}, err
 	}
-	cfg.logf("converge: SQL baseline")
+	c.cfg.logf("converge: SQL baseline")
 	var stale, retries atomic.Int64
 	var accLat, pubLat Latencies
-	base := runWorkers(perWorker, rate, cfg.Duration, func(w, it int) (time.Duration, string, bool) {
+	base := runWorkers(c.perWorker, c.rate, c.cfg.Duration, func(w, it int) (time.Duration, string, bool) {
 		p := bpairs[w]
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		hide, _ := json.Marshal(p.B.Sign(41012, nostr.Tags{{"h", p.Ch}}, ""))
-		if _, err := pool.Exec(ctx, `SELECT buzz.accept_event($1::jsonb)`, string(hide)); err != nil {
+		if _, err := c.pool.Exec(ctx, `SELECT buzz.accept_event($1::jsonb)`, string(hide)); err != nil {
 			return 0, "error: " + err.Error(), true
 		}
 		msg, _ := json.Marshal(p.A.Sign(9, nostr.Tags{{"h", p.Ch}}, "resurface "+strconv.Itoa(it)))
 		t0 := time.Now()
-		// One transaction: the message's generation bump keeps the viewer's state row locked until
-		// our publication commits, so no relay listener races this chain.
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			return 0, "error: " + err.Error(), true
-		}
-		defer tx.Rollback(ctx)
-		if _, err := tx.Exec(ctx, `SELECT buzz.accept_event($1::jsonb)`, string(msg)); err != nil {
-			return 0, "error: " + err.Error(), true
-		}
-		t1 := time.Now()
-		accLat.Add(t1.Sub(t0))
-		out, n, err := publishDirect(ctx, tx, cfg.RelayKey, relayPK, p.B.PK)
+		acc, pub, out, n, err := c.chainInSQL(ctx, string(msg), p.B.PK)
 		retries.Add(int64(n))
+		if acc > 0 {
+			accLat.Add(acc)
+		}
 		if err != nil {
 			return 0, "error: " + err.Error(), true
 		}
-		if err := tx.Commit(ctx); err != nil {
-			return 0, "error: " + err.Error(), true
-		}
-		pubLat.Add(time.Since(t1))
+		pubLat.Add(pub)
 		if out != "published" {
 			stale.Add(1)
 		}
 		return time.Since(t0), "", true
 	})
-	base.Name, base.Conns, base.Baseline = "accept+source+sign+publish", k, true
+	base.Name, base.Conns, base.Baseline = "accept+source+sign+publish", c.k, true
 	base.Note = fmt.Sprintf("one transaction per chain; accept p50 %.1f ms, source+sign+publish+commit p50 %.1f ms; %d of %d not 'published', %d 'retry' (waited for the clock)",
 		accLat.Summary().P50ms, pubLat.Summary().P50ms, stale.Load(), base.Count, retries.Load())
-	res.Rows = append(res.Rows, base)
-	res.Ratio = ratio(row.Latency.P50ms, base.Latency.P50ms)
-	res.RatioWhat = "relay p50 (message OK -> live snapshot) / SQL p50 (accept message -> snapshot published)"
-	return res, nil
+	return base, nil
+}
+
+// chainInSQL accepts msg and publishes viewer's snapshot in one transaction: the message's
+// generation bump keeps the viewer's state row locked until our publication commits, so no
+// relay listener races this chain. It returns how long the accept (once done) and the
+// publication took.
+func (c *converge) chainInSQL(ctx context.Context, msg, viewer string) (acc, pub time.Duration, out string, retries int, err error) {
+	t0 := time.Now()
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return 0, 0, "", 0, err
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT buzz.accept_event($1::jsonb)`, msg); err != nil {
+		return 0, 0, "", 0, err
+	}
+	t1 := time.Now()
+	acc = t1.Sub(t0)
+	out, retries, err = publishDirect(ctx, tx, c.cfg.RelayKey, c.relayPK, viewer)
+	if err != nil {
+		return acc, 0, "", retries, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return acc, 0, "", retries, err
+	}
+	return acc, time.Since(t1), out, retries, nil
 }
 
 // publishDirect does what the listener does for one viewer: one consistent read, build and sign
@@ -483,120 +540,150 @@ func publishDirect(ctx context.Context, pool interface {
 // buzz.confirm_reminder_claims per batch on one connection -- inside a transaction that is rolled
 // back (so the running schedulers never see those rows).
 func Reminders(cfg *Config) (*Result, error) {
-	res := newResult("reminders", cfg)
-	authors := cfg.Conns
-	if authors > 16 {
-		authors = 16
+	r := &reminders{cfg: cfg, res: newResult("reminders", cfg), authors: min(cfg.Conns, 16), n: cfg.N, tag: runTag(),
+		recv: map[string][]time.Time{}, sendAt: make(map[string]time.Time, cfg.N), okTimes: map[string]time.Time{}}
+	r.users = make([]User, r.authors)
+	for i := range r.users {
+		r.users[i] = NewUser()
 	}
-	n := cfg.N
-	users := make([]User, authors)
-	for i := range users {
-		users[i] = NewUser()
+	r.perConn = make([]map[string]int, r.authors)
+	for i := range r.perConn {
+		r.perConn[i] = map[string]int{}
 	}
-	var mu sync.Mutex
-	recv := map[string][]time.Time{}           // id -> receipt times (all connections)
-	perConn := make([]map[string]int, authors) // connection -> id -> receipts
-	for i := range perConn {
-		perConn[i] = map[string]int{}
-	}
-	sendAt := make(map[string]time.Time, n)
-	var okLat Latencies
-	var okErrs Errors
-	var okMu sync.Mutex
-	okTimes := map[string]time.Time{}
-	var oks atomic.Int64
-	cs, err := dialAll(cfg.Relays, authors, func(i int) string { return users[i].SK }, func(i int) Handlers {
-		return Handlers{
-			OnEvent: func(sub string, ev *nostr.Event, _ []byte, at time.Time) {
-				if sub != "due" {
-					return
-				}
-				mu.Lock()
-				recv[ev.ID] = append(recv[ev.ID], at)
-				perConn[i][ev.ID]++
-				mu.Unlock()
-			},
-			OnOK: func(o OK) {
-				mu.Lock()
-				t0, ok := sendAt[o.ID]
-				mu.Unlock()
-				if !ok {
-					return
-				}
-				oks.Add(1)
-				okLat.Add(o.At.Sub(t0))
-				okMu.Lock()
-				okTimes[o.ID] = o.At
-				okMu.Unlock()
-				if !o.OK {
-					okErrs.Add(o.Msg)
-				}
-			},
-		}
-	})
+	cs, err := r.connect()
+	defer closeAll(cs)
 	if err != nil {
 		return nil, err
 	}
-	defer closeAll(cs)
+	if err := r.publish(cs); err != nil {
+		return nil, err
+	}
+	span := r.measureLateness()
+	pool, err := openPool(cfg, r.authors+1)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	return r.baselines(pool, span)
+}
+
+// reminders is one run of the reminders scenario: a burst of n reminders, all due in the same
+// second, published by authors connections that each receive their own due signals.
+type reminders struct {
+	cfg        *Config
+	res        *Result
+	authors, n int
+	tag        string
+	users      []User
+	nb         int64 // the burst's not_before
+
+	mu      sync.Mutex
+	recv    map[string][]time.Time // id -> receipt times (all connections)
+	perConn []map[string]int       // connection -> id -> receipts
+	sendAt  map[string]time.Time
+
+	okLat   Latencies
+	okErrs  Errors
+	okMu    sync.Mutex
+	okTimes map[string]time.Time
+	oks     atomic.Int64
+}
+
+// connect dials the authors, each subscribed to its due signals.
+func (r *reminders) connect() ([]*wsclient.Client, error) {
+	cs, err := dialAll(r.cfg.Relays, r.authors, func(i int) string { return r.users[i].SK }, r.handlers)
+	if err != nil {
+		return cs, err
+	}
 	far := nostr.Timestamp(4102444800) // 2100-01-01: only due signals (which ignore since) match
 	for i, c := range cs {
-		if err := c.Req("due", 10*time.Second, nostr.Filter{Kinds: []int{30300}, Authors: []string{users[i].PK}, Since: &far}); err != nil {
-			return nil, err
+		if err := c.Req("due", 10*time.Second, nostr.Filter{Kinds: []int{30300}, Authors: []string{r.users[i].PK}, Since: &far}); err != nil {
+			return cs, err
 		}
 	}
-	lead := 3*time.Second + 2*time.Duration(n)*time.Millisecond
-	nb := time.Now().Add(lead).Truncate(time.Second).Add(time.Second).Unix()
-	tag := runTag()
-	cfg.logf("reminders: pre-signing %d reminders due at %d", n, nb)
-	evs := signParallel(n, func(i int) *nostr.Event {
-		return users[i%authors].Sign(30300, nostr.Tags{{"d", fmt.Sprintf("r-%s-%d", tag, i)}, {"not_before", strconv.FormatInt(nb, 10)}}, "encrypted?")
+	return cs, nil
+}
+
+// handlers record connection i's due signals and the OKs of the burst.
+func (r *reminders) handlers(i int) wsclient.Handlers {
+	return wsclient.Handlers{
+		OnEvent: func(sub string, ev *nostr.Event, at time.Time) {
+			if sub != "due" {
+				return
+			}
+			r.mu.Lock()
+			r.recv[ev.ID] = append(r.recv[ev.ID], at)
+			r.perConn[i][ev.ID]++
+			r.mu.Unlock()
+		},
+		OnOK: func(o wsclient.OK) {
+			r.mu.Lock()
+			t0, ok := r.sendAt[o.ID]
+			r.mu.Unlock()
+			if !ok {
+				return
+			}
+			r.oks.Add(1)
+			r.okLat.Add(o.At.Sub(t0))
+			r.okMu.Lock()
+			r.okTimes[o.ID] = o.At
+			r.okMu.Unlock()
+			if !o.OK {
+				r.okErrs.Add(o.Msg)
+			}
+		},
+	}
+}
+
+// publish pre-signs the burst, due a few seconds from now, pipelines it and waits for the OKs.
+func (r *reminders) publish(cs []*wsclient.Client) error {
+	lead := 3*time.Second + 2*time.Duration(r.n)*time.Millisecond
+	r.nb = time.Now().Add(lead).Truncate(time.Second).Add(time.Second).Unix()
+	r.cfg.logf("reminders: pre-signing %d reminders due at %d", r.n, r.nb)
+	evs := signParallel(r.n, func(i int) *nostr.Event {
+		return r.users[i%r.authors].Sign(30300, nostr.Tags{{"d", fmt.Sprintf("r-%s-%d", r.tag, i)}, {"not_before", strconv.FormatInt(r.nb, 10)}}, "encrypted?")
 	})
 	pubStart := time.Now()
 	for i, ev := range evs {
-		mu.Lock()
-		sendAt[ev.ID] = time.Now()
-		mu.Unlock()
-		if err := cs[i%authors].Send(ev); err != nil {
-			return nil, err
+		r.mu.Lock()
+		r.sendAt[ev.ID] = time.Now()
+		r.mu.Unlock()
+		if err := cs[i%r.authors].Send(ev); err != nil {
+			return err
 		}
 	}
-	for oks.Load() < int64(n) && time.Now().Before(pubStart.Add(60*time.Second)) {
+	for r.oks.Load() < int64(r.n) && time.Now().Before(pubStart.Add(60*time.Second)) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	pubEl := time.Since(pubStart)
-	if time.Now().Unix() >= nb {
-		res.Notes = append(res.Notes, "publishing took longer than the lead: not_before had passed before all OKs came")
+	if time.Now().Unix() >= r.nb {
+		r.res.Notes = append(r.res.Notes, "publishing took longer than the lead: not_before had passed before all OKs came")
 	}
-	res.Rows = append(res.Rows, Row{Name: "publish 30300 (pipelined)", Conns: authors, Count: int(oks.Load()),
-		Seconds: pubEl.Seconds(), Rate: float64(oks.Load()) / pubEl.Seconds(), Latency: okLat.Summary(), Errors: okErrs.Map()})
+	r.res.Rows = append(r.res.Rows, Row{Name: "publish 30300 (pipelined)", Conns: r.authors, Count: int(r.oks.Load()),
+		Seconds: pubEl.Seconds(), Rate: float64(r.oks.Load()) / pubEl.Seconds(), Latency: r.okLat.Summary(), Errors: r.okErrs.Map()})
+	return nil
+}
 
-	due := time.Unix(nb, 0)
+// measureLateness waits for the due signals and adds the lateness row; it returns the span from
+// not_before to the last receipt.
+func (r *reminders) measureLateness() time.Duration {
+	due := time.Unix(r.nb, 0)
 	deadline := due.Add(60 * time.Second)
 	for time.Now().Before(deadline) {
-		mu.Lock()
-		got := len(recv)
-		mu.Unlock()
-		if got >= n {
+		r.mu.Lock()
+		got := len(r.recv)
+		r.mu.Unlock()
+		if got >= r.n {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	mu.Lock()
+	okAt := r.okAt()
 	var late Latencies
 	var last time.Time
-	dups, afterNB := 0, 0
-	okAt := map[string]time.Time{}
-	for id, t0 := range sendAt {
-		okAt[id] = t0
-	}
-	mu.Unlock()
-	okMu.Lock()
-	for id, t := range okTimes {
-		okAt[id] = t
-	}
-	okMu.Unlock()
-	mu.Lock()
-	for id, ts := range recv {
+	afterNB := 0
+	r.mu.Lock()
+	for id, ts := range r.recv {
 		// A reminder stored only after its not_before (publishing fell behind) is due from its OK.
 		from := due
 		if t := okAt[id]; t.After(due) {
@@ -608,48 +695,71 @@ func Reminders(cfg *Config) (*Result, error) {
 			last = ts[0]
 		}
 	}
-	for _, m := range perConn {
+	dups := r.duplicates()
+	got := len(r.recv)
+	r.mu.Unlock()
+	errs := map[string]int{}
+	if got < r.n {
+		errs["missing"] = r.n - got
+	}
+	if dups > 0 {
+		errs["duplicate"] = dups
+	}
+	span := last.Sub(due)
+	r.res.Rows = append(r.res.Rows, Row{Name: "due signal lateness", Conns: r.authors, Count: got, Seconds: span.Seconds(),
+		Rate: float64(got) / span.Seconds(), Latency: late.Summary(), Errors: errs,
+		Note: fmt.Sprintf("lateness = receive - max(not_before, OK); %d of %d were stored after not_before; rate = burst / (last receipt - not_before)", afterNB, got)})
+	r.res.Extra["duplicates_per_connection"] = dups
+	return span
+}
+
+// okAt is when each reminder was stored: its OK, or its sending when no OK came.
+func (r *reminders) okAt() map[string]time.Time {
+	okAt := map[string]time.Time{}
+	r.mu.Lock()
+	for id, t0 := range r.sendAt {
+		okAt[id] = t0
+	}
+	r.mu.Unlock()
+	r.okMu.Lock()
+	for id, t := range r.okTimes {
+		okAt[id] = t
+	}
+	r.okMu.Unlock()
+	return okAt
+}
+
+// duplicates counts the receipts past the first of each id on each connection (r.mu held).
+func (r *reminders) duplicates() int {
+	dups := 0
+	for _, m := range r.perConn {
 		for _, c := range m {
 			if c > 1 {
 				dups += c - 1
 			}
 		}
 	}
-	got := len(recv)
-	mu.Unlock()
-	errs := map[string]int{}
-	if got < n {
-		errs["missing"] = n - got
-	}
-	if dups > 0 {
-		errs["duplicate"] = dups
-	}
-	span := last.Sub(due)
-	res.Rows = append(res.Rows, Row{Name: "due signal lateness", Conns: authors, Count: got, Seconds: span.Seconds(),
-		Rate: float64(got) / span.Seconds(), Latency: late.Summary(), Errors: errs,
-		Note: fmt.Sprintf("lateness = receive - max(not_before, OK); %d of %d were stored after not_before; rate = burst / (last receipt - not_before)", afterNB, got)})
-	res.Extra["duplicates_per_connection"] = dups
+	return dups
+}
 
-	// Baselines.
-	pool, err := openPool(cfg, authors+1)
-	if err != nil {
-		return nil, err
-	}
-	defer pool.Close()
+// baselines measure the same burst in SQL: publishing (accept_event, closed loop) and claiming
+// with confirmation; the ratio compares the claim with the relay's span.
+func (r *reminders) baselines(pool *pgxpool.Pool, span time.Duration) (*Result, error) {
+	res, authors, n := r.res, r.authors, r.n
 	tomorrow := strconv.FormatInt(time.Now().Unix()+86400, 10)
 	pevs := split(signParallel(n, func(i int) *nostr.Event {
-		return users[i%authors].Sign(30300, nostr.Tags{{"d", fmt.Sprintf("p-%s-%d", tag, i)}, {"not_before", tomorrow}}, "baseline")
+		return r.users[i%authors].Sign(30300, nostr.Tags{{"d", fmt.Sprintf("p-%s-%d", r.tag, i)}, {"not_before", tomorrow}}, "baseline")
 	}), authors)
-	cfg.logf("reminders: SQL baseline of publishing (accept_event on %d connections)", authors)
+	r.cfg.logf("reminders: SQL baseline of publishing (accept_event on %d connections)", authors)
 	prow := runWorkers(counts(pevs), 0, 5*time.Minute, sqlJob(pool, marshalAll(pevs)))
 	prow.Name, prow.Conns, prow.Baseline = "buzz.accept_event 30300", authors, true
 	prow.Note = "closed loop (the relay row above is pipelined); not_before tomorrow"
 	res.Rows = append(res.Rows, prow)
 	past := strconv.FormatInt(time.Now().Unix()-5, 10)
 	bevs := signParallel(n, func(i int) *nostr.Event {
-		return users[i%authors].Sign(30300, nostr.Tags{{"d", fmt.Sprintf("b-%s-%d", tag, i)}, {"not_before", past}}, "baseline")
+		return r.users[i%authors].Sign(30300, nostr.Tags{{"d", fmt.Sprintf("b-%s-%d", r.tag, i)}, {"not_before", past}}, "baseline")
 	})
-	cfg.logf("reminders: SQL baseline (claim+confirm %d in batches of 100, rolled back)", n)
+	r.cfg.logf("reminders: SQL baseline (claim+confirm %d in batches of 100, rolled back)", n)
 	el, claimed, err := reminderBaseline(pool, bevs)
 	if err != nil {
 		return nil, err

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 )
@@ -29,8 +28,8 @@ func crossProcess(ctx context.Context, name string) {
 	if !hit {
 		return
 	}
-	_ = os.WriteFile(filepath.Join(dir, name+".reached"), []byte(fmt.Sprint(os.Getpid())), 0o644)
-	release := filepath.Join(dir, name+".release")
+	_ = os.WriteFile(reachedFile(dir, name), []byte(fmt.Sprint(os.Getpid())), 0o644)
+	release := releaseFile(dir, name)
 	// A barrier, not a timing guess: the test decides when this process may go on.
 	t := time.NewTicker(2 * time.Millisecond)
 	defer t.Stop()

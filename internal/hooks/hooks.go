@@ -3,7 +3,8 @@
 //
 // In-process: hooks.Set("publish.fenced", fn) makes every At(ctx, "publish.fenced") call fn.
 // Cross-process (binary built with -tags testhooks): when BUZZ_HOOKS lists the name, At writes
-// $BUZZ_HOOK_DIR/<name>.reached and waits until $BUZZ_HOOK_DIR/<name>.release exists (or ctx ends).
+// $BUZZ_HOOK_DIR/<name>.reached and waits until $BUZZ_HOOK_DIR/<name>.release exists (or ctx ends);
+// the test waits for the one and writes the other with Wait and Release.
 // Production builds carry only the in-process map lookup.
 package hooks
 

@@ -86,7 +86,7 @@ func AcceptJSON(ctx context.Context, pool *pgxpool.Pool, raw []byte) (ok bool, m
 	return ok, canonicalResponse(message), nil
 }
 
-// canonicalResponse writes a DM command's reply the way PROTOCOL.md shows it,
+// canonicalResponse writes a DM command's reply the way docs/protocol.md shows it,
 // response:{"channel_id":"<uuid>","created":<bool>}: accept_event builds it as jsonb, whose text
 // puts the shorter key first and spaces after colons, and a client may match the string.
 func canonicalResponse(msg string) string {

@@ -13,7 +13,7 @@ import (
 )
 
 // accept_event trusts its caller to have verified the signature, so EXECUTE is granted to the
-// relay and operator roles only (DESIGN.md, sql/0002_accept.up.sql): any other role, even one
+// relay and operator roles only (docs/design.md, sql/0002_accept.up.sql): any other role, even one
 // that may use schema buzz, gets permission denied (42501) on the function itself.
 func TestAcceptEventExecuteOnlyForRelayAndOperator(t *testing.T) {
 	url := testenv.FreshDB(t)

@@ -71,7 +71,7 @@ func (e *retryEnv) failOnce(id, code string) {
 		  FOR EACH ROW WHEN (NEW.id = '` + id + `') EXECUTE FUNCTION public.fail_once('` + code + `');`)
 }
 
-// Go retries SQLSTATE 40001 (DESIGN.md): an acceptance whose first attempt is rolled back with a
+// Go retries SQLSTATE 40001 (docs/design.md): an acceptance whose first attempt is rolled back with a
 // serialization failure succeeds on the retry. Without the retry the same call fails.
 func TestAcceptRetriesSerializationFailure(t *testing.T) {
 	e := newRetryEnv(t)

@@ -1,27 +1,25 @@
 package testenv
 
 import (
-	"bytes"
-	"encoding/json"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/wsclient"
 )
 
-// Client is the NIP-01/42 WebSocket client of the black-box tests. One reader goroutine records
-// everything the relay sends: every OK per event id (a re-published event gets a second one), and
-// every EVENT per subscription with a count per id, so a duplicate stays visible instead of being
-// absorbed. The wait helpers block on that record; their deadlines only turn a hang into a failure.
+// Client is the black-box tests' view of a wsclient connection. It records everything the relay
+// sends: every OK per event id (a re-published event gets a second one), and every EVENT per
+// subscription with a count per id, so a duplicate stays visible instead of being absorbed. The
+// wait helpers block on that record; their deadlines only turn a hang into a failure.
 //
 // Methods that can fail the test must be called from the test's goroutine.
 type Client struct {
-	URL  string
-	t    testing.TB
-	conn *websocket.Conn
-	wmu  sync.Mutex
+	URL string
+	t   testing.TB
+	ws  *wsclient.Client
 
 	// Fixed at Dial (so the reader needs no lock to read them).
 	strict  bool
@@ -38,10 +36,7 @@ type Client struct {
 }
 
 // OK is the relay's answer to an EVENT or AUTH.
-type OK struct {
-	OK  bool
-	Msg string
-}
+type OK = wsclient.OK
 
 // ClientOption configures a Client at Dial.
 type ClientOption func(*Client)
@@ -63,104 +58,70 @@ func Strict() ClientOption { return func(c *Client) { c.strict = true } }
 // Dial connects to a relay; the connection is closed at cleanup.
 func Dial(t testing.TB, url string, opts ...ClientOption) *Client {
 	t.Helper()
-	conn, _, err := (&websocket.Dialer{HandshakeTimeout: 10 * time.Second}).Dial(url, nil)
-	if err != nil {
-		t.Fatalf("dial %s: %v", url, err)
-	}
-	conn.SetReadLimit(1 << 22)
-	c := &Client{URL: url, t: t, conn: conn, oks: map[string][]OK{}, subs: map[string]*Sub{}}
+	c := &Client{URL: url, t: t, oks: map[string][]OK{}, subs: map[string]*Sub{}}
 	c.cond = sync.NewCond(&c.mu)
 	for _, o := range opts {
 		o(c)
 	}
-	done := make(chan struct{})
-	go func() { defer close(done); c.read() }()
+	ws, err := wsclient.Dial(url, c.handlers(), 10*time.Second)
+	if err != nil {
+		t.Fatalf("dial %s: %v", url, err)
+	}
+	c.ws = ws
 	// The reader may report to t (Strict): it is stopped, and waited for, before the test ends,
 	// so no frame is handled (and no t.Errorf called) after the test has completed.
-	t.Cleanup(func() {
-		conn.Close()
-		<-done
-	})
+	t.Cleanup(ws.Close)
 	return c
 }
 
-func (c *Client) read() {
-	for {
-		_, data, err := c.conn.ReadMessage()
-		at := time.Now()
-		if err != nil {
-			c.mu.Lock()
-			c.readErr = err
-			c.cond.Broadcast()
-			c.mu.Unlock()
-			return
-		}
-		var msg []json.RawMessage
-		var verb, arg string
-		var ev *nostr.Event
-		if bytes.HasPrefix(data, []byte(`["EVENT",`)) {
-			// The bulk of what a subscriber reads: one pass with go-nostr's envelope decoder
-			// instead of a generic array decode followed by the event's own.
-			var env nostr.EventEnvelope
-			if env.UnmarshalJSON(data) != nil || env.SubscriptionID == nil {
-				continue
+// handlers record each frame; the caller's own hooks run after, without the lock, so they may
+// call the client's accessors.
+func (c *Client) handlers() wsclient.Handlers {
+	return wsclient.Handlers{
+		OnAuth: func(ch string, _ time.Time) { c.record("AUTH", func() { c.challenge = ch }) },
+		OnOK: func(o OK) {
+			c.record("OK", func() { c.oks[o.ID] = append(c.oks[o.ID], o) })
+			if c.onOK != nil {
+				c.onOK(o.ID, o.OK, o.Msg, o.At)
 			}
-			verb, arg, ev = "EVENT", *env.SubscriptionID, &env.Event
-		} else {
-			if json.Unmarshal(data, &msg) != nil || len(msg) < 2 {
-				continue
-			}
-			_ = json.Unmarshal(msg[0], &verb)
-			_ = json.Unmarshal(msg[1], &arg) // challenge, event id or subscription id
-		}
-		if ev != nil {
+		},
+		OnEvent: func(sub string, ev *nostr.Event, at time.Time) {
 			if c.strict {
 				if ok, _ := ev.CheckSignature(); !ok {
 					c.t.Errorf("event %s from %s has a bad signature", ev.ID, c.URL)
 				}
 			}
-		}
-		var ok OK
-		c.mu.Lock()
-		if c.firstVerb == "" {
-			c.firstVerb = verb
-		}
-		switch verb {
-		case "AUTH":
-			c.challenge = arg
-		case "OK":
-			if len(msg) >= 4 {
-				_ = json.Unmarshal(msg[2], &ok.OK)
-				_ = json.Unmarshal(msg[3], &ok.Msg)
-				c.oks[arg] = append(c.oks[arg], ok)
+			c.record("EVENT", func() { c.sub(sub, func(s *Sub) { s.add(ev, at) }) })
+			if c.onEvent != nil {
+				c.onEvent(sub, ev, at)
 			}
-		case "EVENT":
-			if s := c.subs[arg]; s != nil && ev != nil {
-				s.add(ev, at)
-			}
-		case "EOSE":
-			if s := c.subs[arg]; s != nil {
-				s.eose = true
-			}
-		case "CLOSED":
-			if s := c.subs[arg]; s != nil {
-				s.closed = true
-				if len(msg) >= 3 {
-					_ = json.Unmarshal(msg[2], &s.reason)
-				}
-			}
+		},
+		OnEOSE: func(sub string, _ time.Time) { c.record("EOSE", func() { c.sub(sub, func(s *Sub) { s.eose = true }) }) },
+		OnClosed: func(sub, reason string, _ time.Time) {
+			c.record("CLOSED", func() { c.sub(sub, func(s *Sub) { s.closed, s.reason = true, reason }) })
 			if c.strict {
-				c.t.Errorf("subscription %s closed by %s: %s", arg, c.URL, data)
+				c.t.Errorf("subscription %s closed by %s: %s", sub, c.URL, reason)
 			}
-		}
-		c.cond.Broadcast()
-		c.mu.Unlock()
-		// Hooks run without the lock, so they may call the client's accessors.
-		if verb == "OK" && len(msg) >= 4 && c.onOK != nil {
-			c.onOK(arg, ok.OK, ok.Msg, at)
-		}
-		if ev != nil && c.onEvent != nil {
-			c.onEvent(arg, ev, at)
-		}
+		},
+		OnNotice: func(string, time.Time) { c.record("NOTICE", func() {}) },
+		OnEnd:    func(err error, _ time.Time) { c.record("", func() { c.readErr = err }) },
+	}
+}
+
+// record runs fn under the lock, notes the first verb the relay sent, and wakes the waiters.
+func (c *Client) record(verb string, fn func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.firstVerb == "" {
+		c.firstVerb = verb
+	}
+	fn()
+	c.cond.Broadcast()
+}
+
+// sub runs fn on subscription id if this client opened it (c.mu held).
+func (c *Client) sub(id string, fn func(*Sub)) {
+	if s := c.subs[id]; s != nil {
+		fn(s)
 	}
 }

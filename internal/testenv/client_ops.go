@@ -7,8 +7,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/wsclient"
 )
 
 // Send writes one message, e.g. Send("REQ", id, filter).
@@ -32,11 +33,7 @@ func (c *Client) SendRaw(b []byte) {
 // TrySendRaw writes a text frame and returns the write's error: for a frame the relay may refuse
 // while it is still being written (an oversized one is closed with 1009 from its header), which
 // ends the write with the close instead of completing it.
-func (c *Client) TrySendRaw(b []byte) error {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	return c.conn.WriteMessage(websocket.TextMessage, b)
-}
+func (c *Client) TrySendRaw(b []byte) error { return c.ws.WriteRaw(b) }
 
 // waitFor waits until cond (called with c.mu held) holds, failing the test at the deadline or
 // when the connection is gone first (nothing more can arrive then).
@@ -143,9 +140,8 @@ func (c *Client) MustPublish(ev *nostr.Event) string {
 // relay's OK without judging it.
 func (c *Client) AuthWith(sk, relayURL string) OK {
 	c.t.Helper()
-	ev := &nostr.Event{Kind: 22242, CreatedAt: nostr.Now(),
-		Tags: nostr.Tags{{"relay", relayURL}, {"challenge", c.Challenge()}}}
-	if err := ev.Sign(sk); err != nil {
+	ev, err := wsclient.AuthEvent(sk, relayURL, c.Challenge())
+	if err != nil {
 		c.t.Fatal(err)
 	}
 	n := c.okCount(ev.ID)

@@ -60,9 +60,6 @@ func (c *Client) Subscribe(filters ...nostr.Filter) *Sub {
 	return s
 }
 
-// Close sends CLOSE for the subscription (what arrived stays recorded).
-func (s *Sub) Close() { s.c.t.Helper(); s.c.Send("CLOSE", s.ID) }
-
 // Closed reports whether the relay sent CLOSED for the subscription, and its reason.
 func (s *Sub) Closed() (bool, string) {
 	s.c.mu.Lock()

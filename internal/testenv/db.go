@@ -43,12 +43,6 @@ func RepoRoot() string {
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 }
 
-// OwnsServer reports whether the tests run against the private cluster started by scripts/pg.sh
-// (and may therefore restart it), rather than a server named by DATABASE_URL.
-func OwnsServer() bool {
-	return os.Getenv("DATABASE_URL") == "" || os.Getenv("BUZZ_OWNS_SERVER") == "1"
-}
-
 // ServerURL is the URL of the server tests use (any database on it).
 func ServerURL(t testing.TB) string {
 	t.Helper()
@@ -76,12 +70,11 @@ func ServerURL(t testing.TB) string {
 }
 
 func withDatabase(u, name string) string {
-	p, err := url.Parse(u)
+	w, err := db.WithDatabase(u, name)
 	if err != nil {
 		panic(err)
 	}
-	p.Path = "/" + name
-	return p.String()
+	return w
 }
 
 // migrationsHash names the template after the migration files, so a changed migration gets a
@@ -207,23 +200,13 @@ func FreshDB(t testing.TB) string {
 	return u
 }
 
-// DropDB drops a database, its replication slots first (they would block the drop).
+// DropDB drops a database with db.DropDatabase (its replication slots first).
 func DropDB(t testing.TB, name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c := adminConn(ctx, t)
 	defer c.Close(ctx)
-	_, _ = c.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database=$1 AND active_pid IS NOT NULL`, name)
-	for i := 0; i < 100; i++ {
-		_, _ = c.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database=$1 AND NOT active`, name)
-		var n int
-		_ = c.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE database=$1`, name).Scan(&n)
-		if n == 0 {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if _, err := c.Exec(ctx, `DROP DATABASE IF EXISTS `+pgx.Identifier{name}.Sanitize()+` WITH (FORCE)`); err != nil {
+	if err := db.DropDatabase(ctx, c, name); err != nil {
 		t.Logf("testenv: drop %s: %v", name, err)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -251,5 +250,3 @@ func fmtTime(t time.Time) string {
 	}
 	return t.Format("15:04:05.000")
 }
-
-func itoa(n int64) string { return strconv.FormatInt(n, 10) }

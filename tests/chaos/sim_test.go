@@ -14,6 +14,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/bench"
+	"github.com/buzzpg/buzzpg/internal/wsclient"
 )
 
 // ---- the log every simulated client writes: what it sent, what came back, what it received ----
@@ -23,7 +24,7 @@ type sentRec struct {
 	Conn int
 	User string
 	At   time.Time
-	OK   *bench.OK // nil: no answer (connection lost or timed out): outcome unknown
+	OK   *wsclient.OK // nil: no answer (connection lost or timed out): outcome unknown
 }
 
 type recvRec struct {
@@ -91,15 +92,15 @@ func (r *recorder) closed(c *connRec, why error) {
 	r.log(map[string]any{"ev": "close", "conn": c.ID, "why": fmt.Sprint(why)})
 }
 
-func (r *recorder) handlers(c *connRec) bench.Handlers {
-	return bench.Handlers{
-		OnEvent: func(sub string, ev *nostr.Event, raw []byte, at time.Time) {
+func (r *recorder) handlers(c *connRec) wsclient.Handlers {
+	return wsclient.Handlers{
+		OnEvent: func(sub string, ev *nostr.Event, at time.Time) {
 			r.mu.Lock()
 			r.recv = append(r.recv, recvRec{Conn: c.ID, Sub: sub, Ev: ev, At: at})
 			r.mu.Unlock()
-			r.log(map[string]any{"ev": "recv", "conn": c.ID, "sub": sub, "id": ev.ID, "kind": ev.Kind, "event": json.RawMessage(raw)})
+			r.log(map[string]any{"ev": "recv", "conn": c.ID, "sub": sub, "id": ev.ID, "kind": ev.Kind, "event": ev})
 		},
-		OnOK: func(o bench.OK) {
+		OnOK: func(o wsclient.OK) {
 			r.mu.Lock()
 			if s := r.byID[o.ID]; s != nil && s.Conn == c.ID && s.OK == nil {
 				oc := o
@@ -124,7 +125,7 @@ func (r *recorder) handlers(c *connRec) bench.Handlers {
 }
 
 // publish sends ev on cl (connection c) and waits for its OK; the send is logged first.
-func (r *recorder) publish(cl *bench.Client, c *connRec, user string, ev *nostr.Event) (bench.OK, error) {
+func (r *recorder) publish(cl *wsclient.Client, c *connRec, user string, ev *nostr.Event) (wsclient.OK, error) {
 	s := &sentRec{Ev: ev, Conn: c.ID, User: user, At: time.Now()}
 	r.mu.Lock()
 	if _, dup := r.byID[ev.ID]; !dup {
@@ -172,7 +173,7 @@ type world struct {
 var farSince = nostr.Timestamp(4102444800) // 2100-01-01: only due signals (they ignore since) match
 
 // connect dials a random live relay, authenticates as sk (unless empty) and opens subs.
-func (w *world) connect(rng *rand.Rand, user bench.User, role string, subs func(pk string) map[string]nostr.Filter) (*bench.Client, *connRec, error) {
+func (w *world) connect(rng *rand.Rand, user bench.User, role string, subs func(pk string) map[string]nostr.Filter) (*wsclient.Client, *connRec, error) {
 	live := w.fleet.live()
 	if len(live) == 0 {
 		return nil, nil, errors.New("no live relay")
@@ -185,7 +186,7 @@ func (w *world) connect(rng *rand.Rand, user bench.User, role string, subs func(
 	c := w.rec.newConn(name, role, url)
 	h := w.rec.handlers(c)
 	h.OnEnd = func(err error, at time.Time) { w.rec.closed(c, err) }
-	cl, err := bench.Dial(url, h, 5*time.Second)
+	cl, err := wsclient.Dial(url, h, 5*time.Second)
 	if err != nil {
 		w.rec.closed(c, err)
 		return nil, nil, err
@@ -204,7 +205,7 @@ func (w *world) connect(rng *rand.Rand, user bench.User, role string, subs func(
 	}
 	for id, f := range subs(user.PK) {
 		if err := cl.Req(id, 10*time.Second, f); err != nil {
-			if errors.Is(err, bench.ErrClosed) || errors.Is(err, bench.ErrTimeout) {
+			if errors.Is(err, wsclient.ErrClosed) || errors.Is(err, wsclient.ErrTimeout) {
 				cl.Close()
 				return nil, nil, err
 			}
@@ -262,7 +263,7 @@ func (w *world) runPassive(seed int64, user bench.User, role string) {
 func (w *world) runUser(seed int64, me bench.User) {
 	defer w.wg.Done()
 	rng := rand.New(rand.NewSource(seed))
-	var cl *bench.Client
+	var cl *wsclient.Client
 	var c *connRec
 	acting := true
 	for {

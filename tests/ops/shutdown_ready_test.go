@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/buzzpg/buzzpg/internal/hooks"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
@@ -28,9 +29,9 @@ func TestReadyzSaysShuttingDownWhileDraining(t *testing.T) {
 	if err := syscall.Kill(r.Pid(), syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	testenv.WaitHook(t, hookDir, hook, 30*time.Second)
+	hooks.Wait(t, hookDir, hook, 30*time.Second)
 	code, body := get(t, ops+"/readyz")
-	testenv.ReleaseHook(t, hookDir, hook)
+	hooks.Release(t, hookDir, hook)
 	if code != http.StatusServiceUnavailable || strings.TrimSpace(body) != "shutting down" {
 		t.Fatalf("/readyz while draining: %d %q, want 503 \"shutting down\"", code, body)
 	}

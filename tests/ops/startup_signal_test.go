@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/buzzpg/buzzpg/internal/db"
+	"github.com/buzzpg/buzzpg/internal/hooks"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
@@ -172,7 +173,7 @@ func TestSignalBeforeMigrationsLeavesTheSchemaUntouched(t *testing.T) {
 	hookDir := t.TempDir()
 	const hook = "serve.before_migrations"
 	cmd, log := startServeCmd(t, dbURL, "BUZZ_AUTO_MIGRATE=true", "BUZZ_HOOK_DIR="+hookDir, "BUZZ_HOOKS="+hook)
-	testenv.WaitHook(t, hookDir, hook, 30*time.Second)
+	hooks.Wait(t, hookDir, hook, 30*time.Second)
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
