@@ -5,7 +5,7 @@ DROP FUNCTION buzz.rollback_reminder_claims(text[], bigint[]);
 DROP FUNCTION buzz.confirm_reminder_claim(text, bigint, bigint);
 DROP FUNCTION buzz.confirm_reminder_claims(text[], bigint[]);
 DROP FUNCTION buzz.claim_due_reminder(text, bigint, interval);
-DROP FUNCTION buzz.claim_due_reminders(integer, interval, boolean);
+DROP FUNCTION buzz.claim_due_reminders(integer, interval, boolean, text[]);
 DROP FUNCTION buzz.reminder_event_json(text);
 DROP FUNCTION buzz.arm_reminder(text, text, text, bigint, bigint, bigint);
 DROP FUNCTION buzz.validate_reminder(jsonb, bigint);

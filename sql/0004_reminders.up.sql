@@ -96,7 +96,8 @@ COMMENT ON FUNCTION buzz.reminder_event_json(text) IS
 -------------------------------------------------------------------------------------------------
 -- Claims, confirms and rollbacks.
 
-CREATE FUNCTION buzz.claim_due_reminders(p_max integer, p_lease interval, p_with_event boolean DEFAULT true)
+CREATE FUNCTION buzz.claim_due_reminders(p_max integer, p_lease interval, p_with_event boolean DEFAULT true,
+                                         p_only text[] DEFAULT NULL)
 RETURNS TABLE (id text, pubkey text, created_at bigint, not_before bigint, stamp bigint,
                recovered boolean, ev jsonb)
 LANGUAGE plpgsql
@@ -120,11 +121,13 @@ BEGIN
   WITH stuck AS (            -- claims whose owner neither confirmed nor rolled back within the lease
     SELECT x.id FROM buzz.reminders x
      WHERE x.state = 'claimed' AND x.lease_until < now()
+       AND (p_only IS NULL OR x.id = ANY (p_only))
      ORDER BY x.lease_until
      LIMIT p_max FOR UPDATE SKIP LOCKED
   ), due AS (                -- oldest due first; locks only as many as the batch still has room for
     SELECT x.id FROM buzz.reminders x
      WHERE x.state = 'armed' AND x.not_before <= t
+       AND (p_only IS NULL OR x.id = ANY (p_only))
      ORDER BY x.not_before
      LIMIT greatest(p_max - (SELECT count(*) FROM stuck), 0) FOR UPDATE SKIP LOCKED
   ), upd AS (
@@ -149,41 +152,39 @@ BEGIN
    WHERE u.state = 'claimed'
    ORDER BY u.not_before, u.id;
 END $$;
-COMMENT ON FUNCTION buzz.claim_due_reminders(integer, interval, boolean) IS
+COMMENT ON FUNCTION buzz.claim_due_reminders(integer, interval, boolean, text[]) IS
   'Scheduler batch claim: up to p_max due reminder versions (expired leases first, then armed rows by not_before), '
   'FOR UPDATE SKIP LOCKED so concurrent schedulers take disjoint sets, each with a fresh stamp and a lease of '
   'p_lease. Returns the claims, with the stored event as JSON unless p_with_event is false (the scheduler does not '
   'need it: confirm builds the due signal). Versions whose NIP-40 expiration passed before delivery are cancelled '
-  'instead of claimed. Raises BZ400 (invalid:), claiming nothing, for a NULL or negative p_max, a NULL p_lease or '
-  'a NULL p_with_event.';
+  'instead of claimed. p_only, when not NULL, limits the claim to those reminder ids. Raises BZ400 (invalid:), '
+  'claiming nothing, for a NULL or negative p_max, a NULL p_lease or a NULL p_with_event.';
 
+-- The seed's single-row API, a wrapper of the batch claim, so that its tests exercise the
+-- scheduler's code. The batch skips locked rows; this waits for the row instead, so of two
+-- concurrent claims the loser sees the winner's claim and gets NULL (I5).
 CREATE FUNCTION buzz.claim_due_reminder(p_id text, p_created_at bigint, p_lease interval DEFAULT NULL)
 RETURNS bigint
-LANGUAGE sql
+LANGUAGE plpgsql
 SET search_path = pg_catalog, buzz, pg_temp
 AS $$
-  -- One statement: under READ COMMITTED a concurrent claimer blocks on the row lock and then
-  -- re-checks the WHERE clause against the winner's version (state='claimed', lease in the
-  -- future), so it updates nothing and gets NULL.
-  UPDATE buzz.reminders r
-     SET state = 'claimed',
-         stamp = nextval('buzz.reminder_stamp_seq'),
-         claimed_at = clock_timestamp(),
-         lease_until = clock_timestamp()
-                       + coalesce(p_lease, make_interval(secs => coalesce(buzz.cfg('reminder_lease_seconds'), '30')::double precision)),
-         claims = r.claims + 1,
-         recoveries = r.recoveries + CASE WHEN r.state = 'claimed' THEN 1 ELSE 0 END
-   WHERE r.id = p_id AND r.created_at = p_created_at
-     AND r.not_before <= floor(extract(epoch FROM now()))::bigint
-     AND (r.expires_at IS NULL OR r.expires_at > floor(extract(epoch FROM now()))::bigint)
-     AND (r.state = 'armed' OR (r.state = 'claimed' AND r.lease_until < now()))
-  RETURNING r.stamp
-$$;
+BEGIN
+  -- (id, created_at) names the version.
+  PERFORM 1 FROM buzz.reminders r WHERE r.id = p_id AND r.created_at = p_created_at FOR UPDATE;
+  IF NOT FOUND THEN
+    RETURN NULL;
+  END IF;
+  RETURN (SELECT c.stamp
+            FROM buzz.claim_due_reminders(1, coalesce(p_lease, make_interval(
+                   secs => coalesce(buzz.cfg('reminder_lease_seconds'), '30')::double precision)),
+                 false, ARRAY[p_id]) c);
+END $$;
 COMMENT ON FUNCTION buzz.claim_due_reminder(text, bigint, interval) IS
   'Claims one due reminder version: returns a fresh stamp (unique per claim, from buzz.reminder_stamp_seq) and '
   'sets a lease (p_lease, default config reminder_lease_seconds), or NULL when it is not due, expired, cancelled, '
   'confirmed, or someone else holds an unexpired claim. An expired lease is re-taken with a new stamp (counted in '
-  'recoveries), which fences the previous claimer out of confirm and rollback.';
+  'recoveries), which fences the previous claimer out of confirm and rollback. Waits for a row another transaction '
+  'holds. A wrapper of claim_due_reminders: a due version whose expiration passed is cancelled, as there.';
 
 -- Items are rendered as json text, not jsonb: aggregating a megabyte of jsonb doubled the cost
 -- of a 1,000-row confirm.
@@ -318,30 +319,23 @@ COMMENT ON FUNCTION buzz.rollback_reminder_claims(text[], bigint[]) IS
   'Locks the rows it rolls back by id (the one row order), whatever the order of p_ids. Raises BZ400 '
   '(invalid:), changing nothing, when there are not as many stamps as ids.';
 
+-- The seed's single-row API, a wrapper of the batch rollback (the scheduler's code).
 CREATE FUNCTION buzz.rollback_reminder_claim(p_id text, p_created_at bigint, p_stamp bigint)
 RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, buzz, pg_temp
 AS $$
-DECLARE
-  nb bigint;
 BEGIN
-  -- Guarded by the stamp AND the state: a stale claimer (row re-claimed, confirmed, cancelled or
-  -- already rolled back) changes nothing.
-  UPDATE buzz.reminders r
-     SET state = 'armed', lease_until = NULL, rollbacks = r.rollbacks + 1
-   WHERE r.id = p_id AND r.created_at = p_created_at AND r.stamp = p_stamp AND r.state = 'claimed'
-  RETURNING r.not_before INTO nb;
-  IF NOT FOUND THEN
+  -- (id, created_at) names the version; a pair that names none changes nothing.
+  IF NOT EXISTS (SELECT 1 FROM buzz.reminders r WHERE r.id = p_id AND r.created_at = p_created_at) THEN
     RETURN false;
   END IF;
-  -- It is due again right away: wake schedulers (another process may take it sooner).
-  PERFORM pg_notify('buzz_reminders', nb::text);
-  RETURN true;
+  RETURN EXISTS (SELECT 1 FROM buzz.rollback_reminder_claims(ARRAY[p_id], ARRAY[p_stamp]));
 END $$;
 COMMENT ON FUNCTION buzz.rollback_reminder_claim(text, bigint, bigint) IS
   'Undoes a claim that was not confirmed: back to armed only while the row is still claimed under p_stamp. '
-  'Returns false and changes nothing otherwise (stale stamp, confirmed, cancelled, already rolled back).';
+  'Returns false and changes nothing otherwise (stale stamp, confirmed, cancelled, already rolled back). '
+  'A wrapper of rollback_reminder_claims.';
 
 -------------------------------------------------------------------------------------------------
 -- Operators and the scheduler's sleep.
@@ -387,6 +381,6 @@ COMMENT ON FUNCTION buzz.next_reminder_wakeup() IS
   'a scheduler sleeps until.';
 
 REVOKE ALL ON FUNCTION buzz.reminder_event_json(text), buzz.claim_due_reminder(text, bigint, interval),
-  buzz.claim_due_reminders(integer, interval, boolean), buzz.rollback_reminder_claim(text, bigint, bigint),
+  buzz.claim_due_reminders(integer, interval, boolean, text[]), buzz.rollback_reminder_claim(text, bigint, bigint),
   buzz.rollback_reminder_claims(text[], bigint[]), buzz.confirm_reminder_claim(text, bigint, bigint),
   buzz.confirm_reminder_claims(text[], bigint[]), buzz.reminder_status(), buzz.next_reminder_wakeup() FROM PUBLIC;

@@ -7,7 +7,7 @@ REVOKE USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA buzz FROM buzz_relay, bu
 REVOKE SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA buzz FROM buzz_relay, buzz_operator;
 REVOKE SELECT ON buzz_schema_migrations FROM buzz_relay, buzz_operator;
 REVOKE EXECUTE ON FUNCTION buzz.reminder_event_json(text), buzz.claim_due_reminder(text, bigint, interval),
-  buzz.claim_due_reminders(integer, interval, boolean), buzz.rollback_reminder_claim(text, bigint, bigint),
+  buzz.claim_due_reminders(integer, interval, boolean, text[]), buzz.rollback_reminder_claim(text, bigint, bigint),
   buzz.rollback_reminder_claims(text[], bigint[]), buzz.confirm_reminder_claim(text, bigint, bigint),
   buzz.confirm_reminder_claims(text[], bigint[]), buzz.reminder_status(), buzz.next_reminder_wakeup()
   FROM buzz_relay, buzz_operator;

@@ -36,7 +36,7 @@ GRANT EXECUTE ON FUNCTION buzz.publish_visibility_snapshot(text, bigint, jsonb),
                           buzz.visibility_lag(), buzz.visibility_lag_detail(integer)
   TO buzz_relay, buzz_operator;
 GRANT EXECUTE ON FUNCTION buzz.reminder_event_json(text), buzz.claim_due_reminder(text, bigint, interval),
-  buzz.claim_due_reminders(integer, interval, boolean), buzz.rollback_reminder_claim(text, bigint, bigint),
+  buzz.claim_due_reminders(integer, interval, boolean, text[]), buzz.rollback_reminder_claim(text, bigint, bigint),
   buzz.rollback_reminder_claims(text[], bigint[]), buzz.confirm_reminder_claim(text, bigint, bigint),
   buzz.confirm_reminder_claims(text[], bigint[]), buzz.reminder_status(), buzz.next_reminder_wakeup()
   TO buzz_relay, buzz_operator;
