@@ -294,59 +294,20 @@ CREATE TRIGGER events_gift_wrap_channel_guard BEFORE INSERT ON buzz.events
   EXECUTE FUNCTION buzz.events_gift_wrap_channel_guard();
 
 -------------------------------------------------------------------------------------------------
--- Acceptance.
+-- Acceptance. accept_event runs the checks every event passes (shape, tags, kind, time), takes
+-- the event locks, answers duplicates and deleted ids, checks the channel, then hands the event
+-- to the function of its kind. That function does the rest, in this order: read scope and its
+-- own checks, storage, then its effects. The row to store travels as a buzz.events value.
 
-CREATE FUNCTION buzz.accept_event(ev jsonb, OUT ok boolean, OUT message text)
+-- One pass over the tags for everything acceptance needs (each separate lookup is a query).
+-- ->> on a non-array element yields NULL, so the FILTERs are safe before the shape verdict.
+CREATE FUNCTION buzz.event_tag_summary(tags jsonb, OUT bad boolean, OUT expiration text, OUT h text,
+                                       OUT actor text, OUT p text, OUT d text, OUT tagvals text[],
+                                       OUT h_min text, OUT h_max text)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, buzz, pg_temp
 AS $$
-DECLARE
-  e_id text := ev->>'id';
-  e_pubkey text := ev->>'pubkey';
-  e_created bigint;
-  e_kind integer;
-  e_tags jsonb := ev->'tags';
-  e_content text := ev->>'content';
-  e_sig text := ev->>'sig';
-  cls text;
-  now_s bigint := buzz.now_unix();
-  relay_pk text;
-  max_future bigint;
-  bad_tags boolean;
-  t_actor text;
-  t_p text;
-  t_d text;
-  e_tagvals text[];
-  h_min text;
-  h_max text;
-  is_dup boolean;
-  is_deleted boolean;
-  exp_s text;
-  e_expires bigint;
-  h_val text;
-  chan uuid;
-  sender text;
-  d text;
-  sc "char" := '*';
-  sp text;
-  nb bigint;
-  head record;
-  inserted integer;
-  dm record;
-  ps text[];
-  lock_ids text[];
-  lock_id text;
 BEGIN
-  -- Shape. Go has checked id and signature; these guard psql callers and the columns.
-  IF jsonb_typeof(ev) IS DISTINCT FROM 'object' OR NOT buzz.is_hex64(e_id) OR NOT buzz.is_hex64(e_pubkey)
-     OR e_sig IS NULL OR length(e_sig) <> 128 OR e_sig !~ '^[0-9a-f]+$'
-     OR jsonb_typeof(ev->'created_at') IS DISTINCT FROM 'number'
-     OR jsonb_typeof(ev->'kind') IS DISTINCT FROM 'number' OR jsonb_typeof(e_tags) IS DISTINCT FROM 'array'
-     OR jsonb_typeof(ev->'content') IS DISTINCT FROM 'string' THEN
-    PERFORM buzz.reject('BZ400', 'invalid: malformed event');
-  END IF;
-  -- One pass over the tags for everything acceptance needs (each separate lookup is a query).
-  -- ->> on a non-array element yields NULL, so the FILTERs are safe before the shape verdict.
   SELECT coalesce(bool_or(jsonb_typeof(t) <> 'array'
                           OR (jsonb_typeof(t) = 'array' AND jsonb_array_length(t) = 0)
                           OR (jsonb_typeof(t) = 'array' AND EXISTS (
@@ -359,74 +320,375 @@ BEGIN
          coalesce(array_agg(DISTINCT (t->>0) || ':' || (t->>1))
                     FILTER (WHERE length(t->>0) = 1 AND t->>1 IS NOT NULL), '{}'),
          min(t->>1) FILTER (WHERE t->>0 = 'h'), max(t->>1) FILTER (WHERE t->>0 = 'h')
-    INTO bad_tags, exp_s, h_val, t_actor, t_p, t_d, e_tagvals, h_min, h_max
-    FROM jsonb_array_elements(e_tags) WITH ORDINALITY AS x(t, n);
-  IF bad_tags THEN
+    INTO bad, expiration, h, actor, p, d, tagvals, h_min, h_max
+    FROM jsonb_array_elements(tags) WITH ORDINALITY AS x(t, n);
+END $$;
+COMMENT ON FUNCTION buzz.event_tag_summary(jsonb) IS
+  'One pass over an event''s tags: whether any tag is not a non-empty array of strings, the first expiration, h, actor, p and d values, the #x filter keys (tagvals), and the lowest and highest h value.';
+
+-- The checks every event passes before any lock, in this order. Go has checked id and
+-- signature; these guard psql callers and the columns.
+CREATE FUNCTION buzz.check_event(ev jsonb, OUT e buzz.events, OUT actor text, OUT p text, OUT d text,
+                                 OUT relay_pk text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+DECLARE
+  now_s bigint := buzz.now_unix();
+  s record;
+  max_future bigint;
+BEGIN
+  e.id := ev->>'id'; e.pubkey := ev->>'pubkey'; e.sig := ev->>'sig';
+  e.tags := ev->'tags'; e.content := ev->>'content';
+  IF jsonb_typeof(ev) IS DISTINCT FROM 'object' OR NOT buzz.is_hex64(e.id) OR NOT buzz.is_hex64(e.pubkey)
+     OR e.sig IS NULL OR length(e.sig) <> 128 OR e.sig !~ '^[0-9a-f]+$'
+     OR jsonb_typeof(ev->'created_at') IS DISTINCT FROM 'number'
+     OR jsonb_typeof(ev->'kind') IS DISTINCT FROM 'number' OR jsonb_typeof(e.tags) IS DISTINCT FROM 'array'
+     OR jsonb_typeof(ev->'content') IS DISTINCT FROM 'string' THEN
+    PERFORM buzz.reject('BZ400', 'invalid: malformed event');
+  END IF;
+  SELECT * INTO s FROM buzz.event_tag_summary(e.tags);
+  IF s.bad THEN
     PERFORM buzz.reject('BZ400', 'invalid: tags must be arrays of strings');
   END IF;
   -- The membership check, the read gate and resurfacing all follow one channel; a second h value
   -- would put the event into another channel's history (#h) unchecked.
-  IF h_min <> h_max THEN
+  IF s.h_min <> s.h_max THEN
     PERFORM buzz.reject('BZ400', 'invalid: an event names at most one channel (h tag)');
   END IF;
-  SELECT coalesce(max(value) FILTER (WHERE key = 'relay_pubkey'), ''),
-         coalesce(max(value) FILTER (WHERE key = 'max_future_seconds'), '900')::bigint
-    INTO relay_pk, max_future FROM buzz.config;
+  SELECT coalesce(max(c.value) FILTER (WHERE c.key = 'relay_pubkey'), ''),
+         coalesce(max(c.value) FILTER (WHERE c.key = 'max_future_seconds'), '900')::bigint
+    INTO relay_pk, max_future FROM buzz.config c;
   IF (ev->>'created_at')::numeric NOT BETWEEN 0 AND 9007199254740991
      OR (ev->>'kind')::numeric NOT BETWEEN 0 AND 65535 OR (ev->>'kind')::numeric % 1 <> 0
      OR (ev->>'created_at')::numeric % 1 <> 0 THEN
     PERFORM buzz.reject('BZ400', 'invalid: malformed event');
   END IF;
-  e_created := (ev->>'created_at')::bigint;
-  e_kind := (ev->>'kind')::integer;
-  cls := buzz.kind_class(e_kind);
-
-  IF e_kind = 22242 THEN
-    PERFORM buzz.reject('BZ400', 'invalid: AUTH events are sent with AUTH, not EVENT');
-  END IF;
-  IF e_kind = 30622 THEN
-    PERFORM buzz.reject('BZ403', 'restricted: relay-only kind');
-  END IF;
-  -- Served to the one pubkey its p tag names (the first one, below): a second recipient could
-  -- never read it. The relay refuses it before calling here (relay/event.go, same words).
-  IF e_kind = 1059 THEN
-    IF EXISTS (SELECT 1 FROM jsonb_array_elements(e_tags) t WHERE t->>0 = 'p' AND t->>1 <> t_p) THEN
-      PERFORM buzz.reject('BZ400', 'invalid: a gift wrap names one recipient (p tag); send one wrap per recipient');
-    END IF;
-  END IF;
-  IF e_created > now_s + max_future THEN
+  e.created_at := (ev->>'created_at')::bigint;
+  e.kind := (ev->>'kind')::integer;
+  PERFORM buzz.check_kind(e.kind, e.tags, s.p);
+  IF e.created_at > now_s + max_future THEN
     PERFORM buzz.reject('BZ400', 'invalid: created_at too far in future');
   END IF;
-
   -- NIP-40
-  IF exp_s IS NOT NULL THEN
-    IF exp_s !~ '^[0-9]{1,16}$' THEN
+  IF s.expiration IS NOT NULL THEN
+    IF s.expiration !~ '^[0-9]{1,16}$' THEN
       PERFORM buzz.reject('BZ400', 'invalid: malformed expiration');
     END IF;
-    e_expires := exp_s::bigint;
-    IF e_expires <= now_s THEN
+    e.expires_at := s.expiration::bigint;
+    IF e.expires_at <= now_s THEN
       PERFORM buzz.reject('BZ400', 'invalid: expired');
     END IF;
   END IF;
+  e.tagvals := s.tagvals; e.h := s.h; e.scope := '*';
+  actor := s.actor; p := s.p; d := s.d;
+END $$;
+COMMENT ON FUNCTION buzz.check_event(jsonb) IS
+  'The checks of accept_event that come before any lock: shape, tags, one channel, created_at and kind ranges, kinds refused here, created_at not too far ahead, NIP-40 expiration. Returns the row to store (scope *, no channel yet) and the first actor, p and d tag values and the relay pubkey; raises BZ400/BZ403 otherwise.';
 
-  -- Idempotent by id.
-  -- Serialise with a concurrent NIP-09 deletion of this id (apply_deletion takes the same lock):
-  -- its DELETE cannot see our uncommitted row, so without the lock both could commit and leave a
-  -- deleted event stored.
-  -- Lock order, in every transaction: the event:<id> locks sorted by id, then address locks sorted
-  -- by key (below, and in apply_deletion), then rows. A deletion takes its own id together with
-  -- the well-formed ids it names, as one sorted set; apply_deletion takes them again, which is
-  -- harmless (advisory locks are re-entrant).
-  lock_ids := ARRAY[e_id];
-  IF e_kind = 5 THEN
-    lock_ids := ARRAY(SELECT DISTINCT i FROM unnest(ARRAY[e_id] || buzz.tag_values(e_tags, 'e')) i
-                       WHERE buzz.is_hex64(i) ORDER BY i);
+-- Kinds refused before any lock.
+CREATE FUNCTION buzz.check_kind(kind integer, tags jsonb, first_p text) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+BEGIN
+  IF kind = 22242 THEN
+    PERFORM buzz.reject('BZ400', 'invalid: AUTH events are sent with AUTH, not EVENT');
   END IF;
-  FOREACH lock_id IN ARRAY lock_ids LOOP
-    PERFORM pg_advisory_xact_lock(pg_catalog.hashtextextended('event:' || lock_id, 0::bigint));
+  IF kind = 30622 THEN
+    PERFORM buzz.reject('BZ403', 'restricted: relay-only kind');
+  END IF;
+  -- A gift wrap is served to the one pubkey its p tag names (the first one): a second recipient
+  -- could never read it. The relay refuses it before calling here (relay/event.go, same words).
+  -- Other kinds pay one integer comparison.
+  IF kind = 1059 THEN
+    IF EXISTS (SELECT 1 FROM jsonb_array_elements(tags) t WHERE t->>0 = 'p' AND t->>1 <> first_p) THEN
+      PERFORM buzz.reject('BZ400', 'invalid: a gift wrap names one recipient (p tag); send one wrap per recipient');
+    END IF;
+  END IF;
+END $$;
+COMMENT ON FUNCTION buzz.check_kind(integer, jsonb, text) IS
+  'Refuses AUTH events (22242) and the relay-only kind 30622, and a gift wrap (1059) whose p tags name two different recipients (first_p is its first p value).';
+
+-- Idempotent by id. Serialise with a concurrent NIP-09 deletion of this id (apply_deletion takes
+-- the same lock): its DELETE cannot see our uncommitted row, so without the lock both could
+-- commit and leave a deleted event stored. A deletion takes its own id together with the
+-- well-formed ids it names, as one sorted set; apply_deletion takes them again, which is harmless
+-- (advisory locks are re-entrant).
+CREATE FUNCTION buzz.lock_event_ids(p_id text, p_kind integer, p_tags jsonb) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+DECLARE
+  ids text[] := ARRAY[p_id];
+  i text;
+BEGIN
+  IF p_kind = 5 THEN
+    ids := ARRAY(SELECT DISTINCT x FROM unnest(ARRAY[p_id] || buzz.tag_values(p_tags, 'e')) x
+                  WHERE buzz.is_hex64(x) ORDER BY x);
+  END IF;
+  FOREACH i IN ARRAY ids LOOP
+    PERFORM pg_advisory_xact_lock(pg_catalog.hashtextextended('event:' || i, 0::bigint));
   END LOOP;
-  SELECT EXISTS (SELECT 1 FROM buzz.events WHERE id = e_id),
-         EXISTS (SELECT 1 FROM buzz.deleted_ids WHERE id = e_id AND pubkey = e_pubkey)
+END $$;
+COMMENT ON FUNCTION buzz.lock_event_ids(text, integer, jsonb) IS
+  'Takes the event:<id> advisory locks of an event being accepted, sorted by id: its own id, and for a deletion (kind 5) also every well-formed id its e tags name.';
+
+-- An h tag must name an existing channel whose (effective) sender is a member.
+CREATE FUNCTION buzz.check_channel(p_h text, p_sender text) RETURNS uuid
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+DECLARE
+  chan uuid;
+BEGIN
+  IF p_h !~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' THEN
+    PERFORM buzz.reject('BZ403', 'restricted: unknown channel');
+  END IF;
+  chan := p_h::uuid;
+  IF NOT EXISTS (SELECT 1 FROM buzz.channels c WHERE c.id = chan) THEN
+    PERFORM buzz.reject('BZ403', 'restricted: unknown channel');
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM buzz.members m WHERE m.channel_id = chan AND m.pubkey = p_sender) THEN
+    PERFORM buzz.reject('BZ403', 'restricted: not a member of this channel');
+  END IF;
+  RETURN chan;
+END $$;
+COMMENT ON FUNCTION buzz.check_channel(text, text) IS
+  'The channel an h tag value names; raises BZ403 (restricted:) when it is not a known channel or p_sender is not a member.';
+
+-- Stores e. A concurrent writer may have stored the same id first: its effects are its own.
+CREATE FUNCTION buzz.accept_plain(e buzz.events, OUT ok boolean, OUT message text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+DECLARE
+  inserted integer;
+BEGIN
+  INSERT INTO buzz.events (id, pubkey, created_at, kind, tags, content, sig, d_tag, tagvals, h,
+                           expires_at, scope, scope_p, channel_id)
+  VALUES (e.id, e.pubkey, e.created_at, e.kind, e.tags, e.content, e.sig, e.d_tag, e.tagvals,
+          e.h, e.expires_at, e.scope, e.scope_p, e.channel_id)
+  ON CONFLICT (id) DO NOTHING;
+  GET DIAGNOSTICS inserted = ROW_COUNT;
+  ok := true;
+  message := CASE WHEN inserted = 0 THEN 'duplicate: already have this event' ELSE '' END;
+END $$;
+COMMENT ON FUNCTION buzz.accept_plain(buzz.events) IS
+  'Stores an accepted event row: (true, '''') when stored, (true, duplicate) when a concurrent writer stored the same id first. Every kind''s acceptance stores through it.';
+
+-- Human-visible activity in a DM clears every other participant's hide.
+CREATE FUNCTION buzz.accept_dm_message(e buzz.events, sender text, OUT ok boolean, OUT message text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+BEGIN
+  SELECT a.ok, a.message INTO ok, message FROM buzz.accept_plain(e) a;
+  IF message = '' THEN
+    PERFORM buzz.resurface_dm(e.channel_id, sender);
+  END IF;
+END $$;
+COMMENT ON FUNCTION buzz.accept_dm_message(buzz.events, text) IS
+  'Stores a human-visible event of a DM and resurfaces the DM for every participant but sender who hid it.';
+
+-- Fanned out through a transactional logical message, never stored. Losing one in a crash is
+-- acceptable (it is ephemeral), so the commit skips the WAL flush wait.
+CREATE FUNCTION buzz.accept_ephemeral(e buzz.events, OUT ok boolean, OUT message text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+BEGIN
+  PERFORM set_config('synchronous_commit', 'off', true);
+  PERFORM pg_logical_emit_message(true, 'buzz', jsonb_build_object(
+    't', 'eph',
+    'ev', jsonb_build_object('id', e.id, 'pubkey', e.pubkey, 'created_at', e.created_at, 'kind', e.kind,
+                             'tags', e.tags, 'content', e.content, 'sig', e.sig),
+    'scope', e.scope::text, 'scope_p', e.scope_p, 'channel_id', e.channel_id)::text);
+  ok := true; message := '';
+END $$;
+COMMENT ON FUNCTION buzz.accept_ephemeral(buzz.events) IS
+  'Fans out an ephemeral event (kinds 20000-29999) as a transactional logical message (prefix buzz, t eph) with its read scope; never stored. Turns synchronous_commit off for the transaction.';
+
+-- Writers of one address are serialised by an advisory lock, and one head is kept: newer
+-- created_at wins; on a tie the lowest id. The unique head indexes are the backstop.
+CREATE FUNCTION buzz.replace_head(e buzz.events, OUT ok boolean, OUT message text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+DECLARE
+  head record;
+  replaceable boolean := buzz.kind_class(e.kind) = 'replaceable';
+BEGIN
+  PERFORM pg_advisory_xact_lock(pg_catalog.hashtextextended(e.kind::text || ':' || e.pubkey || ':' || e.d_tag, 0::bigint));
+  IF EXISTS (SELECT 1 FROM buzz.deleted_addresses x
+              WHERE x.kind = e.kind AND x.pubkey = e.pubkey AND x.d_tag = e.d_tag
+                AND x.until_created_at >= e.created_at) THEN
+    ok := false; message := 'blocked: deleted'; RETURN;
+  END IF;
+  SELECT x.id, x.created_at INTO head FROM buzz.events x
+   WHERE x.kind = e.kind AND x.pubkey = e.pubkey AND (replaceable OR x.d_tag = e.d_tag)
+   FOR UPDATE;
+  IF FOUND THEN
+    IF head.id = e.id THEN
+      ok := true; message := 'duplicate: already have this event'; RETURN;
+    END IF;
+    IF head.created_at > e.created_at OR (head.created_at = e.created_at AND head.id < e.id) THEN
+      ok := false; message := 'duplicate: have newer'; RETURN;
+    END IF;
+    DELETE FROM buzz.events x WHERE x.id = head.id;
+  END IF;
+END $$;
+COMMENT ON FUNCTION buzz.replace_head(buzz.events) IS
+  'For a replaceable or addressable event (e.d_tag set, '''' for replaceable kinds): takes the address lock, then removes the head it replaces. Returns a verdict when e must not be stored (deleted address, same event, a newer head), ok NULL when it may.';
+
+CREATE FUNCTION buzz.accept_replaceable(e buzz.events, d text, OUT ok boolean, OUT message text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+BEGIN
+  e.d_tag := CASE WHEN buzz.kind_class(e.kind) = 'addressable' THEN coalesce(d, '') ELSE '' END;
+  SELECT r.ok, r.message INTO ok, message FROM buzz.replace_head(e) r;
+  IF ok IS NULL THEN
+    SELECT a.ok, a.message INTO ok, message FROM buzz.accept_plain(e) a;
+  END IF;
+END $$;
+COMMENT ON FUNCTION buzz.accept_replaceable(buzz.events, text) IS
+  'Accepts a replaceable or addressable event (d: its first d tag value): NIP-01 replacement of the address''s head, then storage.';
+
+-- A deletion is public only when every event it names is stored and public right now. A target
+-- that is gated, already deleted, not committed yet or unknown here may be a gated event, and a
+-- public request would reveal its id or address to everyone.
+CREATE FUNCTION buzz.accept_deletion(e buzz.events, OUT ok boolean, OUT message text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+BEGIN
+  IF e.scope = 'c'
+     OR EXISTS (SELECT 1 FROM unnest(buzz.tag_values(e.tags, 'e')) AS t(id)
+                 WHERE NOT EXISTS (SELECT 1 FROM buzz.events x WHERE x.id = t.id AND x.scope = '*'))
+     OR EXISTS (SELECT 1 FROM unnest(buzz.tag_values(e.tags, 'a')) AS a(v)
+                 CROSS JOIN LATERAL (SELECT regexp_match(a.v, '^([0-9]{1,5}):([0-9a-f]{64}):(.*)$') AS r) m
+                 WHERE m.r IS NULL
+                    OR m.r[1] IN ('30300', '30622', '41010', '41011', '41012', '1059')
+                    OR NOT EXISTS (SELECT 1 FROM buzz.events x
+                                    WHERE x.kind = m.r[1]::integer AND x.pubkey = m.r[2] AND x.scope = '*'
+                                      AND (x.kind NOT BETWEEN 30000 AND 39999 OR x.d_tag = m.r[3]))) THEN
+    e.scope := 'a';
+  END IF;
+  SELECT a.ok, a.message INTO ok, message FROM buzz.accept_plain(e) a;
+  IF message = '' THEN
+    PERFORM buzz.apply_deletion(e.pubkey, e.id, e.created_at, e.tags);
+  END IF;
+END $$;
+COMMENT ON FUNCTION buzz.accept_deletion(buzz.events) IS
+  'Accepts a NIP-09 deletion (kind 5): public only when every event it names is stored and public, author-only otherwise; stores it, then applies it (apply_deletion).';
+
+-- The read gate serves a gift wrap to the one pubkey in its p tag (the first; check_kind refused
+-- a second recipient).
+CREATE FUNCTION buzz.accept_gift_wrap(e buzz.events, p text, OUT ok boolean, OUT message text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+BEGIN
+  e.scope_p := p;
+  IF p IS NULL OR NOT buzz.is_hex64(p) THEN
+    PERFORM buzz.reject('BZ400', 'invalid: gift wrap needs a p tag');
+  END IF;
+  e.scope := 'p';
+  SELECT a.ok, a.message INTO ok, message FROM buzz.accept_plain(e) a;
+END $$;
+COMMENT ON FUNCTION buzz.accept_gift_wrap(buzz.events, text) IS
+  'Accepts a gift wrap (1059) readable by its recipient only (p: its first p tag value, which must be a pubkey). One with an h tag is refused by the events trigger events_gift_wrap_channel_guard.';
+
+CREATE FUNCTION buzz.accept_reminder(e buzz.events, d text, OUT ok boolean, OUT message text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+DECLARE
+  nb bigint;
+BEGIN
+  e.scope := 'a';
+  nb := buzz.validate_reminder(e.tags, e.expires_at);
+  e.d_tag := coalesce(d, '');
+  SELECT r.ok, r.message INTO ok, message FROM buzz.replace_head(e) r;
+  IF ok IS NOT NULL THEN
+    RETURN;
+  END IF;
+  SELECT a.ok, a.message INTO ok, message FROM buzz.accept_plain(e) a;
+  IF message = '' THEN
+    PERFORM buzz.arm_reminder(e.id, e.pubkey, e.d_tag, e.created_at, nb, e.expires_at);
+  END IF;
+END $$;
+COMMENT ON FUNCTION buzz.accept_reminder(buzz.events, text) IS
+  'Accepts a NIP-ER reminder (30300, addressable, author-only): validates it, replaces the address''s head, stores it and arms its reminder row.';
+
+-- DM commands: 41010 opens a DM, 41011 adds members (a new DM of the larger set), 41012 hides
+-- one for its author. Author-only.
+CREATE FUNCTION buzz.accept_dm_command(e buzz.events, OUT ok boolean, OUT message text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+DECLARE
+  ps text[];
+  dm record;
+BEGIN
+  e.scope := 'a';
+  IF e.kind IN (41011, 41012) AND e.channel_id IS NULL THEN
+    PERFORM buzz.reject('BZ400', 'invalid: missing h tag');
+  END IF;
+  IF e.kind IN (41010, 41011) THEN
+    ps := buzz.tag_values(e.tags, 'p');
+    IF EXISTS (SELECT 1 FROM unnest(ps) x WHERE NOT buzz.is_hex64(x)) THEN
+      PERFORM buzz.reject('BZ400', 'invalid: p tags must be 64-char lowercase hex pubkeys');
+    END IF;
+    -- open_dm adds the opener and drops repeats: count the distinct others it will see.
+    IF e.kind = 41010
+       AND (SELECT count(DISTINCT x) FROM unnest(ps) x WHERE x <> e.pubkey) NOT BETWEEN 1 AND 8 THEN
+      PERFORM buzz.reject('BZ400', 'invalid: a DM open names 1 to 8 other participants');
+    END IF;
+    IF e.kind = 41011 AND coalesce(array_length(ps, 1), 0) < 1 THEN
+      PERFORM buzz.reject('BZ400', 'invalid: name at least one member to add');
+    END IF;
+  END IF;
+  SELECT a.ok, a.message INTO ok, message FROM buzz.accept_plain(e) a;
+  IF message <> '' THEN
+    RETURN;
+  END IF;
+  IF e.kind = 41012 THEN
+    PERFORM buzz.set_dm_hidden(e.pubkey, e.channel_id, true);
+    RETURN;
+  END IF;
+  IF e.kind = 41011 THEN
+    SELECT array_agg(s.pubkey) INTO ps FROM (
+      SELECT m.pubkey FROM buzz.members m WHERE m.channel_id = e.channel_id
+      UNION SELECT unnest(buzz.tag_values(e.tags, 'p'))) s;
+  END IF;
+  dm := buzz.open_dm(e.pubkey, ps, e.id);
+  message := 'response:' || jsonb_build_object('channel_id', dm.channel_id, 'created', dm.created)::text;
+END $$;
+COMMENT ON FUNCTION buzz.accept_dm_command(buzz.events) IS
+  'Accepts a DM command (41010 open, 41011 add members, 41012 hide) and runs it; an open or add answers response:{"channel_id":..,"created":..}.';
+
+CREATE FUNCTION buzz.accept_event(ev jsonb, OUT ok boolean, OUT message text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+DECLARE
+  c record;
+  e buzz.events;
+  sender text;
+  is_dup boolean;
+  is_deleted boolean;
+  cls text;
+BEGIN
+  SELECT * INTO c FROM buzz.check_event(ev);
+  e := c.e;
+  cls := buzz.kind_class(e.kind);
+  -- Lock order, in every transaction: the event:<id> locks sorted by id, then address locks
+  -- sorted by key (replace_head, apply_deletion), then rows.
+  PERFORM buzz.lock_event_ids(e.id, e.kind, e.tags);
+  SELECT EXISTS (SELECT 1 FROM buzz.events x WHERE x.id = e.id),
+         EXISTS (SELECT 1 FROM buzz.deleted_ids x WHERE x.id = e.id AND x.pubkey = e.pubkey)
     INTO is_dup, is_deleted;
   IF is_dup THEN
     ok := true; message := 'duplicate: already have this event'; RETURN;
@@ -434,142 +696,33 @@ BEGIN
   IF is_deleted THEN
     ok := false; message := 'blocked: deleted'; RETURN;
   END IF;
-
-  -- Channels: an h tag must name an existing channel whose (effective) sender is a member.
   -- On events the relay key signs for someone else, the sender is the actor tag, else the first p.
-  sender := e_pubkey;
-  IF e_pubkey = relay_pk AND relay_pk <> '' THEN
-    sender := coalesce(t_actor, t_p, e_pubkey);
+  sender := e.pubkey;
+  IF e.pubkey = c.relay_pk AND c.relay_pk <> '' THEN
+    sender := coalesce(c.actor, c.p, e.pubkey);
   END IF;
-  IF h_val IS NOT NULL THEN
-    IF h_val !~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' THEN
-      PERFORM buzz.reject('BZ403', 'restricted: unknown channel');
-    END IF;
-    chan := h_val::uuid;
-    IF NOT EXISTS (SELECT 1 FROM buzz.channels WHERE id = chan) THEN
-      PERFORM buzz.reject('BZ403', 'restricted: unknown channel');
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM buzz.members WHERE channel_id = chan AND pubkey = sender) THEN
-      PERFORM buzz.reject('BZ403', 'restricted: not a member of this channel');
-    END IF;
-    sc := 'c';
+  IF e.h IS NOT NULL THEN
+    e.channel_id := buzz.check_channel(e.h, sender);
+    e.scope := 'c';
   END IF;
-
-  -- Read scope (docs/protocol.md, Read gates).
-  IF e_kind IN (41010, 41011, 41012, 30300) THEN
-    sc := 'a';
-  ELSIF e_kind = 1059 THEN
-    sp := t_p;
-    IF sp IS NULL OR NOT buzz.is_hex64(sp) THEN
-      PERFORM buzz.reject('BZ400', 'invalid: gift wrap needs a p tag');
-    END IF;
-    sc := 'p';
-  ELSIF e_kind = 5 THEN
-    -- A deletion is public only when every event it names is stored and public right now. A target
-    -- that is gated, already deleted, not committed yet or unknown here may be a gated event, and
-    -- a public request would reveal its id or address to everyone.
-    IF sc = 'c'
-       OR EXISTS (SELECT 1 FROM unnest(buzz.tag_values(e_tags, 'e')) AS t(id)
-                   WHERE NOT EXISTS (SELECT 1 FROM buzz.events x WHERE x.id = t.id AND x.scope = '*'))
-       OR EXISTS (SELECT 1 FROM unnest(buzz.tag_values(e_tags, 'a')) AS a(v)
-                   CROSS JOIN LATERAL (SELECT regexp_match(a.v, '^([0-9]{1,5}):([0-9a-f]{64}):(.*)$') AS r) m
-                   WHERE m.r IS NULL
-                      OR m.r[1] IN ('30300', '30622', '41010', '41011', '41012', '1059')
-                      OR NOT EXISTS (SELECT 1 FROM buzz.events x
-                                      WHERE x.kind = m.r[1]::integer AND x.pubkey = m.r[2] AND x.scope = '*'
-                                        AND (x.kind NOT BETWEEN 30000 AND 39999 OR x.d_tag = m.r[3]))) THEN
-      sc := 'a';
-    END IF;
-  END IF;
-
-  IF e_kind = 30300 THEN
-    nb := buzz.validate_reminder(e_tags, e_expires);
-  END IF;
-  IF e_kind IN (41011, 41012) AND chan IS NULL THEN
-    PERFORM buzz.reject('BZ400', 'invalid: missing h tag');
-  END IF;
-  IF e_kind IN (41010, 41011) THEN
-    ps := buzz.tag_values(e_tags, 'p');
-    IF EXISTS (SELECT 1 FROM unnest(ps) p WHERE NOT buzz.is_hex64(p)) THEN
-      PERFORM buzz.reject('BZ400', 'invalid: p tags must be 64-char lowercase hex pubkeys');
-    END IF;
-    -- open_dm adds the opener and drops repeats: count the distinct others it will see.
-    IF e_kind = 41010
-       AND (SELECT count(DISTINCT p) FROM unnest(ps) p WHERE p <> e_pubkey) NOT BETWEEN 1 AND 8 THEN
-      PERFORM buzz.reject('BZ400', 'invalid: a DM open names 1 to 8 other participants');
-    END IF;
-    IF e_kind = 41011 AND coalesce(array_length(ps, 1), 0) < 1 THEN
-      PERFORM buzz.reject('BZ400', 'invalid: name at least one member to add');
-    END IF;
-  END IF;
-
-  -- Ephemeral: fanned out through a transactional logical message, never stored. Losing one in a
-  -- crash is acceptable (it is ephemeral), so skip the WAL flush wait.
-  IF cls = 'ephemeral' THEN
-    PERFORM set_config('synchronous_commit', 'off', true);
-    PERFORM pg_logical_emit_message(true, 'buzz', jsonb_build_object(
-      't', 'eph',
-      'ev', jsonb_build_object('id', e_id, 'pubkey', e_pubkey, 'created_at', e_created, 'kind', e_kind,
-                               'tags', e_tags, 'content', e_content, 'sig', e_sig),
-      'scope', sc::text, 'scope_p', sp, 'channel_id', chan)::text);
-    ok := true; message := ''; RETURN;
-  END IF;
-
-  -- Replaceable / addressable: serialise writers of the address, keep one head.
-  IF cls IN ('replaceable', 'addressable') THEN
-    d := CASE WHEN cls = 'addressable' THEN coalesce(t_d, '') ELSE '' END;
-    PERFORM pg_advisory_xact_lock(pg_catalog.hashtextextended(e_kind::text || ':' || e_pubkey || ':' || d, 0::bigint));
-    IF EXISTS (SELECT 1 FROM buzz.deleted_addresses
-                WHERE kind = e_kind AND pubkey = e_pubkey AND d_tag = d AND until_created_at >= e_created) THEN
-      ok := false; message := 'blocked: deleted'; RETURN;
-    END IF;
-    SELECT id, created_at INTO head FROM buzz.events
-     WHERE kind = e_kind AND pubkey = e_pubkey AND (cls = 'replaceable' OR d_tag = d)
-     FOR UPDATE;
-    IF FOUND THEN
-      IF head.id = e_id THEN
-        ok := true; message := 'duplicate: already have this event'; RETURN;
-      END IF;
-      -- Newer created_at wins; on a tie the lowest id.
-      IF head.created_at > e_created OR (head.created_at = e_created AND head.id < e_id) THEN
-        ok := false; message := 'duplicate: have newer'; RETURN;
-      END IF;
-      DELETE FROM buzz.events WHERE id = head.id;
-    END IF;
-  END IF;
-
-  INSERT INTO buzz.events (id, pubkey, created_at, kind, tags, content, sig, d_tag, tagvals, h,
-                           expires_at, scope, scope_p, channel_id)
-  VALUES (e_id, e_pubkey, e_created, e_kind, e_tags, e_content, e_sig, d, e_tagvals,
-          h_val, e_expires, sc, sp, chan)
-  ON CONFLICT (id) DO NOTHING;
-  GET DIAGNOSTICS inserted = ROW_COUNT;
-  IF inserted = 0 THEN
-    -- A concurrent writer stored the same id first; its effects are its own.
-    ok := true; message := 'duplicate: already have this event'; RETURN;
-  END IF;
-
-  ok := true; message := '';
+  -- Read scope per kind: docs/protocol.md, Read gates.
   CASE
-    WHEN e_kind = 5 THEN
-      PERFORM buzz.apply_deletion(e_pubkey, e_id, e_created, e_tags);
-    WHEN e_kind = 41010 THEN
-      dm := buzz.open_dm(e_pubkey, ps, e_id);
-      message := 'response:' || jsonb_build_object('channel_id', dm.channel_id, 'created', dm.created)::text;
-    WHEN e_kind = 41011 THEN
-      SELECT array_agg(pubkey) INTO ps FROM (
-        SELECT pubkey FROM buzz.members WHERE channel_id = chan
-        UNION SELECT unnest(buzz.tag_values(e_tags, 'p'))) s;
-      dm := buzz.open_dm(e_pubkey, ps, e_id);
-      message := 'response:' || jsonb_build_object('channel_id', dm.channel_id, 'created', dm.created)::text;
-    WHEN e_kind = 41012 THEN
-      PERFORM buzz.set_dm_hidden(e_pubkey, chan, true);
-    WHEN e_kind = 30300 THEN
-      PERFORM buzz.arm_reminder(e_id, e_pubkey, d, e_created, nb, e_expires);
-    WHEN chan IS NOT NULL AND buzz.is_human_visible(e_kind) THEN
-      PERFORM buzz.resurface_dm(chan, sender);
+    WHEN e.kind = 5 THEN
+      SELECT a.ok, a.message INTO ok, message FROM buzz.accept_deletion(e) a;
+    WHEN e.kind IN (41010, 41011, 41012) THEN
+      SELECT a.ok, a.message INTO ok, message FROM buzz.accept_dm_command(e) a;
+    WHEN e.kind = 30300 THEN
+      SELECT a.ok, a.message INTO ok, message FROM buzz.accept_reminder(e, c.d) a;
+    WHEN e.kind = 1059 THEN
+      SELECT a.ok, a.message INTO ok, message FROM buzz.accept_gift_wrap(e, c.p) a;
+    WHEN cls = 'ephemeral' THEN
+      SELECT a.ok, a.message INTO ok, message FROM buzz.accept_ephemeral(e) a;
+    WHEN cls IN ('replaceable', 'addressable') THEN
+      SELECT a.ok, a.message INTO ok, message FROM buzz.accept_replaceable(e, c.d) a;
+    WHEN e.channel_id IS NOT NULL AND buzz.is_human_visible(e.kind) THEN
+      SELECT a.ok, a.message INTO ok, message FROM buzz.accept_dm_message(e, sender) a;
     ELSE
-      NULL;
+      SELECT a.ok, a.message INTO ok, message FROM buzz.accept_plain(e) a;
   END CASE;
 END $$;
 COMMENT ON FUNCTION buzz.accept_event(jsonb) IS
@@ -633,5 +786,9 @@ END $$;
 COMMENT ON FUNCTION buzz.accept_events(jsonb, integer) IS
   'Accepts up to 60 events (a JSON array) in one transaction, each as buzz.accept_event in its own subtransaction; one row per event, in order: (ok, message) as accept_event returns them, or ok false with the client SQLSTATE (code) and message it raised (BZ400 invalid:, BZ401 auth-required:, BZ403 restricted:, BZ409 blocked:, BZ429 rate-limited:, 22P02/22P05/22003 invalid:, 54000 a value too long to index). Any other error aborts the whole call. lock_wait_ms > 0 bounds every lock wait in the call (lock_timeout, 55P03). Callers must have verified each signature, as for accept_event.';
 
-REVOKE ALL ON FUNCTION buzz.accept_event(jsonb) FROM PUBLIC;
-REVOKE ALL ON FUNCTION buzz.accept_events(jsonb, integer) FROM PUBLIC;
+-- These trust their caller to have verified signatures, and some store rows directly.
+REVOKE ALL ON FUNCTION buzz.accept_event(jsonb), buzz.accept_events(jsonb, integer),
+  buzz.accept_plain(buzz.events), buzz.accept_dm_message(buzz.events, text), buzz.accept_ephemeral(buzz.events),
+  buzz.replace_head(buzz.events), buzz.accept_replaceable(buzz.events, text), buzz.accept_deletion(buzz.events),
+  buzz.accept_gift_wrap(buzz.events, text), buzz.accept_reminder(buzz.events, text),
+  buzz.accept_dm_command(buzz.events) FROM PUBLIC;

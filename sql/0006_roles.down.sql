@@ -21,6 +21,10 @@ REVOKE EXECUTE ON FUNCTION buzz.publish_visibility_snapshot(text, bigint, jsonb)
                            buzz.visibility_lag(), buzz.visibility_lag_detail(integer)
   FROM buzz_relay, buzz_operator;
 REVOKE EXECUTE ON FUNCTION buzz.hide_dm(text, uuid), buzz.unhide_dm(text, uuid) FROM buzz_operator, buzz_relay;
-REVOKE EXECUTE ON FUNCTION buzz.accept_event(jsonb), buzz.accept_events(jsonb, integer)
+REVOKE EXECUTE ON FUNCTION buzz.accept_event(jsonb), buzz.accept_events(jsonb, integer),
+  buzz.accept_plain(buzz.events), buzz.accept_dm_message(buzz.events, text), buzz.accept_ephemeral(buzz.events),
+  buzz.replace_head(buzz.events), buzz.accept_replaceable(buzz.events, text), buzz.accept_deletion(buzz.events),
+  buzz.accept_gift_wrap(buzz.events, text), buzz.accept_reminder(buzz.events, text),
+  buzz.accept_dm_command(buzz.events)
   FROM buzz_relay, buzz_operator;
 REVOKE USAGE ON SCHEMA buzz FROM buzz_relay, buzz_operator;

@@ -23,7 +23,11 @@ END $$;
 
 GRANT USAGE ON SCHEMA buzz TO buzz_relay, buzz_operator;
 
-GRANT EXECUTE ON FUNCTION buzz.accept_event(jsonb), buzz.accept_events(jsonb, integer)
+GRANT EXECUTE ON FUNCTION buzz.accept_event(jsonb), buzz.accept_events(jsonb, integer),
+  buzz.accept_plain(buzz.events), buzz.accept_dm_message(buzz.events, text), buzz.accept_ephemeral(buzz.events),
+  buzz.replace_head(buzz.events), buzz.accept_replaceable(buzz.events, text), buzz.accept_deletion(buzz.events),
+  buzz.accept_gift_wrap(buzz.events, text), buzz.accept_reminder(buzz.events, text),
+  buzz.accept_dm_command(buzz.events)
   TO buzz_relay, buzz_operator;
 GRANT EXECUTE ON FUNCTION buzz.hide_dm(text, uuid), buzz.unhide_dm(text, uuid) TO buzz_operator, buzz_relay;
 GRANT EXECUTE ON FUNCTION buzz.publish_visibility_snapshot(text, bigint, jsonb),
