@@ -6,6 +6,7 @@ DROP FUNCTION buzz.release_visibility_claim(text, uuid, text, interval, interval
 DROP FUNCTION buzz.claim_visibility_work(uuid, integer, interval);
 DROP FUNCTION buzz.publish_visibility_snapshots(text[], bigint[], jsonb[]);
 DROP FUNCTION buzz.publish_visibility_snapshot(text, bigint, jsonb);
+DROP FUNCTION buzz.check_snapshot(text, bigint, jsonb, text);
 DROP FUNCTION buzz.visibility_source(text);
 DROP FUNCTION buzz.unhide_dm(text, uuid);
 DROP FUNCTION buzz.hide_dm(text, uuid);

@@ -414,6 +414,48 @@ END $$;
 COMMENT ON FUNCTION buzz.visibility_source(text) IS
   'NIP-DV source of one viewer''s snapshot, read in ONE snapshot: target generation, hidden DM channel ids (sorted), and created_at floor = newest created_at of any kind 30622 with d = viewer by any author (or the recorded published one). A snapshot built from it must use created_at > floor. Raises BZ400 (invalid:) for a viewer that is not 64 lowercase hex characters (NULL included).';
 
+-- The snapshot's shape, before any lock. Every test is NULL-safe: a NULL is not false, so a
+-- missing field would pass a plain comparison.
+CREATE FUNCTION buzz.check_snapshot(viewer text, generation bigint, ev jsonb, relay_pk text) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+BEGIN
+  IF jsonb_typeof(ev) IS DISTINCT FROM 'object' OR NOT buzz.is_hex64(ev->>'id')
+     OR jsonb_typeof(ev->'sig') IS DISTINCT FROM 'string' OR (ev->>'sig') !~ '^[0-9a-f]{128}$'
+     OR jsonb_typeof(ev->'created_at') IS DISTINCT FROM 'number'
+     OR (ev->>'created_at') !~ '^[0-9]{1,16}$' OR jsonb_typeof(ev->'tags') IS DISTINCT FROM 'array'
+     OR NOT buzz.is_hex64(viewer) THEN
+    PERFORM buzz.reject('BZ400', 'invalid: malformed snapshot');
+  END IF;
+  -- A NULL generation fails every comparison of the fence, which then answered 'retry' or 'stale'.
+  IF generation IS NULL THEN
+    PERFORM buzz.reject('BZ400', 'invalid: generation is NULL');
+  END IF;
+  IF (ev->>'kind') IS DISTINCT FROM '30622' OR (ev->>'content') IS DISTINCT FROM '' THEN
+    PERFORM buzz.reject('BZ400', 'invalid: a snapshot is kind 30622 with empty content');
+  END IF;
+  IF relay_pk = '' OR (ev->>'pubkey') IS DISTINCT FROM relay_pk THEN
+    PERFORM buzz.reject('BZ400', 'invalid: a snapshot is signed by the relay key');
+  END IF;
+  -- Tag shape on its own, before anything calls tag_values: it is IMMUTABLE, so the planner folds
+  -- it on the event before the other tests of its IF, and it fails on a tag that is not an array.
+  IF EXISTS (SELECT 1 FROM jsonb_array_elements(ev->'tags') t
+              WHERE jsonb_typeof(t) <> 'array' OR jsonb_array_length(t) < 2
+                 OR EXISTS (SELECT 1 FROM jsonb_array_elements(t) x WHERE jsonb_typeof(x) <> 'string')) THEN
+    PERFORM buzz.reject('BZ400', 'invalid: snapshot tags are arrays of two or more strings');
+  END IF;
+  IF EXISTS (SELECT 1 FROM jsonb_array_elements(ev->'tags') t
+              WHERE t->>0 NOT IN ('d', 'p', 'h')
+                 OR (t->>0 = 'h' AND t->>1 !~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'))
+     OR buzz.tag_values(ev->'tags', 'd') IS DISTINCT FROM ARRAY[viewer]
+     OR buzz.tag_values(ev->'tags', 'p') IS DISTINCT FROM ARRAY[viewer] THEN
+    PERFORM buzz.reject('BZ400', 'invalid: a snapshot has d = p = viewer and h = channel ids');
+  END IF;
+END $$;
+COMMENT ON FUNCTION buzz.check_snapshot(text, bigint, jsonb, text) IS
+  'Refuses with BZ400 (invalid:) a snapshot publish_visibility_snapshot must not store: a field missing or malformed, sig included, a viewer that is not 64 lowercase hex characters, a NULL generation, a kind other than 30622 or non-empty content, an author other than relay_pk, tags not arrays of two or more strings, d/p not the viewer, h not channel ids.';
+
 CREATE FUNCTION buzz.publish_visibility_snapshot(viewer text, generation bigint, ev jsonb)
 RETURNS text
 LANGUAGE plpgsql
@@ -430,39 +472,7 @@ DECLARE
   old_gen bigint;
   head_created bigint;
 BEGIN
-  -- Shape first (no locks taken yet). Every test is NULL-safe: a NULL is not false, so a missing
-  -- field would pass a plain comparison.
-  IF jsonb_typeof(ev) IS DISTINCT FROM 'object' OR NOT buzz.is_hex64(e_id)
-     OR jsonb_typeof(ev->'sig') IS DISTINCT FROM 'string' OR (ev->>'sig') !~ '^[0-9a-f]{128}$'
-     OR jsonb_typeof(ev->'created_at') IS DISTINCT FROM 'number'
-     OR (ev->>'created_at') !~ '^[0-9]{1,16}$' OR jsonb_typeof(e_tags) IS DISTINCT FROM 'array'
-     OR NOT buzz.is_hex64(v) THEN
-    PERFORM buzz.reject('BZ400', 'invalid: malformed snapshot');
-  END IF;
-  -- A NULL generation fails every comparison of the fence, which then answered 'retry' or 'stale'.
-  IF g IS NULL THEN
-    PERFORM buzz.reject('BZ400', 'invalid: generation is NULL');
-  END IF;
-  IF (ev->>'kind') IS DISTINCT FROM '30622' OR (ev->>'content') IS DISTINCT FROM '' THEN
-    PERFORM buzz.reject('BZ400', 'invalid: a snapshot is kind 30622 with empty content');
-  END IF;
-  IF relay_pk = '' OR (ev->>'pubkey') IS DISTINCT FROM relay_pk THEN
-    PERFORM buzz.reject('BZ400', 'invalid: a snapshot is signed by the relay key');
-  END IF;
-  -- Tag shape on its own, before anything calls tag_values: it is IMMUTABLE, so the planner folds
-  -- it on the event before the other tests of its IF, and it fails on a tag that is not an array.
-  IF EXISTS (SELECT 1 FROM jsonb_array_elements(e_tags) t
-              WHERE jsonb_typeof(t) <> 'array' OR jsonb_array_length(t) < 2
-                 OR EXISTS (SELECT 1 FROM jsonb_array_elements(t) x WHERE jsonb_typeof(x) <> 'string')) THEN
-    PERFORM buzz.reject('BZ400', 'invalid: snapshot tags are arrays of two or more strings');
-  END IF;
-  IF EXISTS (SELECT 1 FROM jsonb_array_elements(e_tags) t
-              WHERE t->>0 NOT IN ('d', 'p', 'h')
-                 OR (t->>0 = 'h' AND t->>1 !~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'))
-     OR buzz.tag_values(e_tags, 'd') IS DISTINCT FROM ARRAY[v]
-     OR buzz.tag_values(e_tags, 'p') IS DISTINCT FROM ARRAY[v] THEN
-    PERFORM buzz.reject('BZ400', 'invalid: a snapshot has d = p = viewer and h = channel ids');
-  END IF;
+  PERFORM buzz.check_snapshot(v, g, ev, relay_pk);
   e_created := (ev->>'created_at')::bigint;
   -- The protocol promise: at most `ahead` seconds ahead of the database clock. The caller waits
   -- for the clock and builds again, so this is a 'retry', not an error.
