@@ -1,5 +1,6 @@
--- buzzpg core schema: the event store, channels/DMs, per-viewer visibility state and its outbox,
--- reminders, and process bookkeeping. Functions live in later migrations, one file per area.
+-- buzzpg schema: the event store, channels/DMs, per-viewer visibility state and its outbox,
+-- reminders, and process bookkeeping. Functions live in the later migrations, one file per area
+-- (0002_accept, 0003_visibility, 0004_reminders, 0005_fanout); roles and grants in 0006_roles.
 --
 -- Lock order (every function follows it, so concurrent transactions cannot deadlock on each other
 -- except through retries Go performs on 40P01/40001):
@@ -12,17 +13,6 @@
 
 CREATE SCHEMA IF NOT EXISTS buzz;
 
--- Roles that may call accept_event (it trusts its caller to have verified signatures).
-DO $$
-BEGIN
-  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'buzz_relay') THEN
-    CREATE ROLE buzz_relay NOLOGIN;
-  END IF;
-  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'buzz_operator') THEN
-    CREATE ROLE buzz_operator NOLOGIN;
-  END IF;
-END $$;
-
 -- Deployment-wide settings the SQL side needs (the relay key's pubkey, limits). Written by
 -- `buzzpg serve` at start; readable by operators.
 CREATE TABLE buzz.config (
@@ -33,10 +23,11 @@ INSERT INTO buzz.config(key, value) VALUES
   ('relay_pubkey', ''),                       -- hex pubkey of the relay key; set by serve
   ('max_future_seconds', '900'),              -- created_at may be at most this far ahead of now
   ('reminder_horizon_seconds', '31536000'),   -- not_before may be at most this far ahead (1 year)
-  ('snapshot_max_ahead_seconds', '10');       -- snapshot created_at at most this far ahead of db now
+  ('snapshot_max_ahead_seconds', '10'),       -- snapshot created_at at most this far ahead of db now
+  ('reminder_lease_seconds', '30');           -- default lease of a reminder claim
 
 -- Every stored event. Ephemeral events never land here.
--- scope/scope_p/channel_id are the read gate (PROTOCOL.md "Read gates"), computed by accept_event:
+-- scope/scope_p/channel_id are the read gate (docs/protocol.md, Read gates), computed by accept_event:
 --   '*' everyone, 'a' author only, 'p' only scope_p, 'c' only members of channel_id.
 CREATE TABLE buzz.events (
   id          text    PRIMARY KEY CHECK (id ~ '^[0-9a-f]{64}$'),
@@ -73,12 +64,15 @@ CREATE UNIQUE INDEX events_addressable_head ON buzz.events (kind, pubkey, d_tag)
 -- Snapshots (30622) are looked up by viewer across relay keys (key rotation).
 CREATE INDEX events_snapshot_viewer_idx ON buzz.events (d_tag, created_at DESC) WHERE kind = 30622;
 
--- NIP-09 tombstones: a deleted id stays deleted when published again (by its author).
+-- NIP-09 tombstones: a deleted id stays deleted when published again (by its author). Keyed by
+-- (id, deleter): a kind 5 naming someone else's id (accepted; it deletes nothing) must not take
+-- the slot of the author's own tombstone. accept_event honours the author's one only.
 CREATE TABLE buzz.deleted_ids (
-  id          text PRIMARY KEY,
+  id          text NOT NULL,
   pubkey      text NOT NULL,          -- author of the deletion request (only the author may delete)
   deleted_by  text NOT NULL,          -- id of the kind 5 event
-  deleted_at  timestamptz NOT NULL DEFAULT now()
+  deleted_at  timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (id, pubkey)
 );
 -- NIP-09 'a' deletions: versions of the address up to until_created_at are deleted.
 CREATE TABLE buzz.deleted_addresses (
@@ -89,8 +83,9 @@ CREATE TABLE buzz.deleted_addresses (
   PRIMARY KEY (kind, pubkey, d_tag)
 );
 
--- Channels (participant_hash = sha256() of the concatenated sorted 32-byte keys). Every channel in this version is a DM whose participant set never changes; its
--- identity is the SHA-256 of the sorted, de-duplicated 32-byte participant pubkeys.
+-- Channels. Every channel in this version is a DM whose participant set never changes; its
+-- identity (participant_hash) is the SHA-256 of the sorted, de-duplicated 32-byte participant
+-- pubkeys.
 CREATE TABLE buzz.channels (
   id               uuid PRIMARY KEY DEFAULT gen_random_uuid(),
   kind             text NOT NULL DEFAULT 'dm' CHECK (kind = 'dm'),
@@ -118,13 +113,19 @@ CREATE TABLE buzz.visibility_state (
   published_created_at bigint,          -- created_at of the published 30622 head
   published_event      text,            -- id of the published 30622 head
   changed_at           timestamptz NOT NULL DEFAULT now(),
-  published_at         timestamptz
+  published_at         timestamptz,
+  -- A publisher that read a viewer before a reset must not publish over the restarted row: its
+  -- publication fails here (23514, this name), which the listener takes as 'retry'. A
+  -- constraint holds for every writer, psql included.
+  CONSTRAINT visibility_state_published_le_target CHECK (published_generation <= target_generation)
 );
 CREATE INDEX visibility_pending_idx ON buzz.visibility_state (viewer)
   WHERE target_generation > published_generation;
 
 -- The work queue: at most one row per viewer, upserted with the generation it must reach.
--- Claimed with a lease (claim_id, lease_until); failures back off via available_at.
+-- Claimed with a lease (claim_id, lease_until); failures back off via available_at. A row
+-- follows its viewer's state row: deleting the state row (a reset) takes the outbox row with it,
+-- so no row is left behind that every publication answers 'stale' without clearing.
 CREATE TABLE buzz.visibility_outbox (
   viewer       text PRIMARY KEY,
   generation   bigint NOT NULL,
@@ -133,9 +134,32 @@ CREATE TABLE buzz.visibility_outbox (
   attempts     integer NOT NULL DEFAULT 0,
   last_error   text,
   claim_id     uuid,
-  lease_until  timestamptz
+  lease_until  timestamptz,
+  CONSTRAINT visibility_outbox_viewer_fkey FOREIGN KEY (viewer)
+    REFERENCES buzz.visibility_state (viewer) ON DELETE CASCADE,
+  -- A claim is recovered only once its lease is behind the clock, which a NULL lease never is.
+  CONSTRAINT claimed_outbox_row_needs_lease CHECK (claim_id IS NULL OR lease_until IS NOT NULL)
 );
 CREATE INDEX visibility_outbox_available_idx ON buzz.visibility_outbox (available_at);
+
+-- The highest generation of every viewer whose state row was deleted (a reset) or truncated. A
+-- row inserted for that viewer later starts above it (0003_visibility's triggers), so generation
+-- numbers never repeat. One row per viewer ever reset.
+CREATE TABLE buzz.visibility_retired (
+  viewer     text   PRIMARY KEY,
+  generation bigint NOT NULL
+);
+COMMENT ON TABLE buzz.visibility_retired IS
+  'The highest generation of every viewer whose visibility_state row was deleted (or truncated): a row inserted for that viewer later starts above it, so generation numbers never repeat. Kept for good: an UPDATE that lowers a generation or changes a viewer, a DELETE and a TRUNCATE are refused with BZ400.';
+
+-- Viewers a TRUNCATE statement must bump once its tables are gone: filled by the BEFORE TRUNCATE
+-- triggers of members (had a DM hidden) and visibility_state (had a change pending), bumped and
+-- emptied by the first AFTER TRUNCATE trigger of the same statement.
+CREATE TABLE buzz.visibility_reset_pending (
+  viewer text PRIMARY KEY
+);
+COMMENT ON TABLE buzz.visibility_reset_pending IS
+  'Viewers to bump once a TRUNCATE of buzz.members or buzz.visibility_state is done: filled by their BEFORE TRUNCATE triggers, emptied by the first AFTER TRUNCATE trigger of the same statement. Empty otherwise.';
 
 -- NIP-ER reminders: one row per reminder version (event id) that carries not_before.
 -- state: 'armed' (waiting for not_before), 'claimed' (a scheduler holds it under stamp until
@@ -157,11 +181,15 @@ CREATE TABLE buzz.reminders (
   cancelled_at  timestamptz,
   claims        integer NOT NULL DEFAULT 0,  -- how many times it was claimed
   recoveries    integer NOT NULL DEFAULT 0,  -- how many expired leases were re-taken
-  rollbacks     integer NOT NULL DEFAULT 0
+  rollbacks     integer NOT NULL DEFAULT 0,
+  -- A claim is recovered only once its lease is behind the clock, which a NULL lease never is.
+  CONSTRAINT claimed_reminder_needs_lease CHECK (state <> 'claimed' OR lease_until IS NOT NULL)
 );
 CREATE INDEX reminders_due_idx ON buzz.reminders (not_before) WHERE state = 'armed';
 CREATE INDEX reminders_lease_idx ON buzz.reminders (lease_until) WHERE state = 'claimed';
-CREATE INDEX reminders_address_idx ON buzz.reminders (pubkey, d_tag);
+-- Only versions that can still fire: every lookup by address asks for armed or claimed. The
+-- index does not grow with the confirmed history, and a confirm writes no entry to it.
+CREATE INDEX reminders_address_idx ON buzz.reminders (pubkey, d_tag) WHERE state IN ('armed', 'claimed');
 
 -- Relay processes: heartbeat rows, used to drop replication slots of dead instances.
 CREATE TABLE buzz.instances (

@@ -1,24 +1,47 @@
--- buzz.accept_event and its helpers: the whole acceptance of one verified event, atomically.
+-- Acceptance: buzz.accept_event and buzz.accept_events store one verified event (or a batch)
+-- atomically, with NIP-01 replacement, NIP-09 deletion, NIP-40 expiration, DM commands and gift
+-- wrap checks. The helpers every later file uses come first.
 --
 -- Client errors RAISE with a buzz SQLSTATE, so the transaction is rolled back and the bad event
 -- changes nothing; the message text already carries the NIP-01 OK prefix. The Go side maps:
 --   BZ400 invalid:   BZ401 auth-required:   BZ403 restricted:   BZ409 blocked:
 -- Verdicts that are not errors (accepted, duplicate, have newer, deleted) come back as a row.
+--
+-- Every function pins search_path (pg_catalog first, pg_temp last): a caller's search_path
+-- cannot shadow a built-in function or operator.
+--
+-- Lock order, in every transaction: event:<id> advisory locks sorted by id, then address locks
+-- sorted by key, then rows (the channel row, member rows by pubkey, visibility state rows by
+-- viewer, outbox rows by viewer; events rows by id before reminder rows by id).
+
+-------------------------------------------------------------------------------------------------
+-- Helpers.
 
 CREATE FUNCTION buzz.reject(code text, msg text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
 BEGIN
   RAISE EXCEPTION USING ERRCODE = code, MESSAGE = msg;
 END $$;
 COMMENT ON FUNCTION buzz.reject(text, text) IS
   'Raises a client error: code is a buzz SQLSTATE (BZ400 invalid, BZ401 auth-required, BZ403 restricted, BZ409 blocked), msg carries the OK prefix.';
 
+-- PL/pgSQL rather than SQL: a SQL function that cannot be inlined is planned again on every call;
+-- PL/pgSQL keeps its plan for the session.
 CREATE FUNCTION buzz.cfg(k text) RETURNS text
-LANGUAGE sql STABLE AS $$ SELECT value FROM buzz.config WHERE key = k $$;
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+BEGIN
+  RETURN (SELECT c.value FROM buzz.config c WHERE c.key = k);
+END $$;
 COMMENT ON FUNCTION buzz.cfg(text) IS 'Value of a buzz.config setting (NULL when unset).';
 
 CREATE FUNCTION buzz.kind_class(kind integer) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
   SELECT CASE
     WHEN kind IN (0, 3) OR (kind >= 10000 AND kind < 20000) THEN 'replaceable'
     WHEN kind >= 20000 AND kind < 30000 THEN 'ephemeral'
@@ -28,35 +51,53 @@ $$;
 COMMENT ON FUNCTION buzz.kind_class(integer) IS 'NIP-01 kind range: regular, replaceable, ephemeral or addressable.';
 
 CREATE FUNCTION buzz.is_human_visible(kind integer) RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT kind IN (9, 40002, 45001, 45003) $$;
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$ SELECT kind IN (9, 40002, 45001, 45003) $$;
 COMMENT ON FUNCTION buzz.is_human_visible(integer) IS
   'Kinds that count as human-visible DM activity and resurface a DM for participants who hid it.';
 
 CREATE FUNCTION buzz.tag_values(tags jsonb, name text) RETURNS text[]
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-  SELECT coalesce(array_agg(t->>1 ORDER BY n), '{}') FROM jsonb_array_elements(tags) WITH ORDINALITY AS x(t, n)
-  WHERE t->>0 = name AND jsonb_array_length(t) >= 2
-$$;
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+BEGIN
+  RETURN (SELECT coalesce(array_agg(x.t->>1 ORDER BY x.n), '{}') FROM jsonb_array_elements(tags) WITH ORDINALITY AS x(t, n)
+           WHERE x.t->>0 = name AND jsonb_array_length(x.t) >= 2);
+END $$;
 COMMENT ON FUNCTION buzz.tag_values(jsonb, text) IS 'Values of every tag named name, in order.';
 
 CREATE FUNCTION buzz.event_tagvals(tags jsonb) RETURNS text[]
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-  SELECT coalesce(array_agg(DISTINCT (t->>0) || ':' || (t->>1)), '{}') FROM jsonb_array_elements(tags) t
-  WHERE length(t->>0) = 1 AND jsonb_array_length(t) >= 2
-$$;
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+BEGIN
+  RETURN (SELECT coalesce(array_agg(DISTINCT (x.t->>0) || ':' || (x.t->>1)), '{}') FROM jsonb_array_elements(tags) AS x(t)
+           WHERE length(x.t->>0) = 1 AND jsonb_array_length(x.t) >= 2);
+END $$;
 COMMENT ON FUNCTION buzz.event_tagvals(jsonb) IS
   'The ''x:value'' keys of every single-letter tag: what #x filters match (GIN-indexed as events.tagvals).';
 
+-- A length test plus '^[0-9a-f]+$': the regex engine expands a bounded repetition such as '{64}',
+-- which costs several times more per call. NULL-safe: a NULL is not false, so a missing field
+-- would pass a plain shape check.
 CREATE FUNCTION buzz.is_hex64(s text) RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT s ~ '^[0-9a-f]{64}$' $$;
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$ SELECT coalesce(length(s) = 64 AND s ~ '^[0-9a-f]+$', false) $$;
+COMMENT ON FUNCTION buzz.is_hex64(text) IS '64 lowercase hex characters (an event id or a pubkey); false for NULL.';
 
+-- VOLATILE, as clock_timestamp() is.
 CREATE FUNCTION buzz.now_unix() RETURNS bigint
-LANGUAGE sql STABLE AS $$ SELECT floor(extract(epoch FROM clock_timestamp()))::bigint $$;
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$ SELECT floor(extract(epoch FROM clock_timestamp()))::bigint $$;
 COMMENT ON FUNCTION buzz.now_unix() IS 'The database clock in unix seconds (the clock every created_at check uses).';
 
--- participant_hash: SHA-256 of the sorted, de-duplicated 32-byte participant pubkeys.
 CREATE FUNCTION buzz.participant_hash(participants text[]) RETURNS bytea
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
   SELECT sha256(string_agg(decode(p, 'hex'), ''::bytea ORDER BY p))
   FROM (SELECT DISTINCT unnest(participants) AS p) s
 $$;
@@ -64,70 +105,13 @@ COMMENT ON FUNCTION buzz.participant_hash(text[]) IS
   'DM identity: sha256 of the sorted, de-duplicated 32-byte participant pubkeys.';
 
 -------------------------------------------------------------------------------------------------
--- Visibility generation: every change of a member's hidden state bumps that viewer's target
--- generation and upserts their outbox row, in the transaction that made the change. A trigger on
--- buzz.members does it, so a raw UPDATE from psql converges exactly like the protocol commands.
-
-CREATE FUNCTION buzz.bump_visibility(v text) RETURNS bigint
-LANGUAGE plpgsql AS $$
-DECLARE g bigint;
-BEGIN
-  -- Never read-then-write: the increment happens under the row lock the upsert takes.
-  INSERT INTO buzz.visibility_state AS s (viewer, target_generation, changed_at)
-  VALUES (v, 1, now())
-  ON CONFLICT (viewer) DO UPDATE SET target_generation = s.target_generation + 1, changed_at = now()
-  RETURNING target_generation INTO g;
-  -- A new generation resets backoff and frees any claim: whoever publishes next publishes g
-  -- (an older claimer is fenced by publish_visibility_snapshot).
-  INSERT INTO buzz.visibility_outbox AS o (viewer, generation)
-  VALUES (v, g)
-  ON CONFLICT (viewer) DO UPDATE
-    SET generation = EXCLUDED.generation, available_at = now(), attempts = 0, last_error = NULL,
-        claim_id = NULL, lease_until = NULL;
-  RETURN g;
-END $$;
-COMMENT ON FUNCTION buzz.bump_visibility(text) IS
-  'Bumps a viewer''s target generation (target = target + 1) and upserts their outbox row with it. Called by the members trigger; returns the new generation.';
-
-CREATE FUNCTION buzz.members_hidden_changed() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-  IF TG_OP = 'DELETE' THEN
-    PERFORM buzz.bump_visibility(OLD.pubkey);
-  ELSE
-    PERFORM buzz.bump_visibility(NEW.pubkey);
-  END IF;
-  RETURN NULL;
-END $$;
-
-CREATE TRIGGER members_hidden_update AFTER UPDATE OF hidden_at ON buzz.members
-  FOR EACH ROW WHEN ((OLD.hidden_at IS NULL) IS DISTINCT FROM (NEW.hidden_at IS NULL))
-  EXECUTE FUNCTION buzz.members_hidden_changed();
-CREATE TRIGGER members_hidden_insert AFTER INSERT ON buzz.members
-  FOR EACH ROW WHEN (NEW.hidden_at IS NOT NULL)
-  EXECUTE FUNCTION buzz.members_hidden_changed();
-CREATE TRIGGER members_hidden_delete AFTER DELETE ON buzz.members
-  FOR EACH ROW WHEN (OLD.hidden_at IS NOT NULL)
-  EXECUTE FUNCTION buzz.members_hidden_changed();
-
--- Wake listeners when outbox work appears. Constant payload (never the row); PostgreSQL folds
--- identical notifications of one transaction into one. Claims and backoff releases do not notify.
-CREATE FUNCTION buzz.visibility_outbox_notify() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-  PERFORM pg_notify('buzz_visibility', '');
-  RETURN NULL;
-END $$;
-CREATE TRIGGER visibility_outbox_notify AFTER INSERT OR UPDATE ON buzz.visibility_outbox
-  FOR EACH ROW WHEN (NEW.claim_id IS NULL AND NEW.available_at <= now())
-  EXECUTE FUNCTION buzz.visibility_outbox_notify();
-
--------------------------------------------------------------------------------------------------
--- DM state changes. Lock order: channel row, then member rows ORDER BY pubkey, then (through the
--- trigger) visibility_state/outbox rows by viewer.
+-- DM commands. Lock order: channel row, then member rows ORDER BY pubkey, then (through the
+-- members triggers) visibility_state and outbox rows by viewer.
 
 CREATE FUNCTION buzz.lock_dm(channel uuid) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
 BEGIN
   PERFORM 1 FROM buzz.channels WHERE id = channel FOR SHARE;
   IF NOT FOUND THEN
@@ -140,40 +124,13 @@ END $$;
 COMMENT ON FUNCTION buzz.lock_dm(uuid) IS
   'Locks a DM in the documented order (channel, then members by pubkey) so hides and resurfacing follow commit order.';
 
-CREATE FUNCTION buzz.set_dm_hidden(viewer text, channel uuid, hide boolean) RETURNS boolean
-LANGUAGE plpgsql AS $$
-DECLARE changed boolean;
-BEGIN
-  PERFORM buzz.lock_dm(channel);
-  IF NOT EXISTS (SELECT 1 FROM buzz.members WHERE channel_id = channel AND pubkey = viewer) THEN
-    PERFORM buzz.reject('BZ403', 'restricted: not a member of this channel');
-  END IF;
-  IF hide THEN
-    UPDATE buzz.members SET hidden_at = now()
-     WHERE channel_id = channel AND pubkey = viewer AND hidden_at IS NULL;
-  ELSE
-    UPDATE buzz.members SET hidden_at = NULL
-     WHERE channel_id = channel AND pubkey = viewer AND hidden_at IS NOT NULL;
-  END IF;
-  GET DIAGNOSTICS changed = ROW_COUNT;
-  RETURN changed;
-END $$;
-
-CREATE FUNCTION buzz.hide_dm(viewer text, channel uuid) RETURNS boolean
-LANGUAGE sql AS $$ SELECT buzz.set_dm_hidden(viewer, channel, true) $$;
-COMMENT ON FUNCTION buzz.hide_dm(text, uuid) IS
-  'Operator hide: hides DM channel for viewer (same effect as a kind 41012 from viewer). Returns true when the hidden set changed; the generation bump and outbox row follow through the members trigger. SQLSTATE BZ403 when the channel is unknown or viewer is not a member.';
-
-CREATE FUNCTION buzz.unhide_dm(viewer text, channel uuid) RETURNS boolean
-LANGUAGE sql AS $$ SELECT buzz.set_dm_hidden(viewer, channel, false) $$;
-COMMENT ON FUNCTION buzz.unhide_dm(text, uuid) IS
-  'Operator re-open: makes DM channel visible again for viewer. Returns true when the hidden set changed. SQLSTATE BZ403 when the channel is unknown or viewer is not a member.';
-
 -- Opens (or finds) the DM of exactly these participants. Idempotent under races: two opens of
 -- one set meet on the participant_hash unique index and get one channel.
 CREATE FUNCTION buzz.open_dm(opener text, participants text[], event_id text,
                              OUT channel_id uuid, OUT created boolean)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
 DECLARE
   ps text[];
   h bytea;
@@ -203,7 +160,9 @@ COMMENT ON FUNCTION buzz.open_dm(text, text[], text) IS
 -- Resurfacing: human-visible activity clears every other participant's hide, in the message's
 -- transaction, after locking the DM so the outcome follows commit order.
 CREATE FUNCTION buzz.resurface_dm(channel uuid, sender text) RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
 DECLARE
   m record;
   n integer := 0;
@@ -222,151 +181,133 @@ COMMENT ON FUNCTION buzz.resurface_dm(uuid, text) IS
   'Clears the hide of every DM participant except sender (under the DM lock, members in pubkey order); returns how many resurfaced.';
 
 -------------------------------------------------------------------------------------------------
--- NIP-ER validation (PROTOCOL.md): returns not_before (NULL when absent).
-CREATE FUNCTION buzz.validate_reminder(tags jsonb, expires bigint) RETURNS bigint
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-  ds text[] := buzz.tag_values(tags, 'd');
-  nbs text[] := buzz.tag_values(tags, 'not_before');
-  nb numeric;
-BEGIN
-  -- A not_before tag without a value is malformed, not absent.
-  IF EXISTS (SELECT 1 FROM jsonb_array_elements(tags) t WHERE t->>0 = 'not_before' AND jsonb_array_length(t) < 2) THEN
-    PERFORM buzz.reject('BZ400', 'invalid: malformed not_before');
-  END IF;
-  IF coalesce(array_length(ds, 1), 0) <> 1 OR ds[1] = '' THEN
-    PERFORM buzz.reject('BZ400', 'invalid: missing d tag');
-  END IF;
-  IF coalesce(array_length(nbs, 1), 0) = 0 THEN
-    RETURN NULL;
-  END IF;
-  IF array_length(nbs, 1) > 1 OR nbs[1] !~ '^(0|[1-9][0-9]{0,15})$' THEN
-    PERFORM buzz.reject('BZ400', 'invalid: malformed not_before');
-  END IF;
-  nb := nbs[1]::numeric;
-  IF nb > 9007199254740991 THEN
-    PERFORM buzz.reject('BZ400', 'invalid: malformed not_before');
-  END IF;
-  IF nb > buzz.now_unix() + coalesce(buzz.cfg('reminder_horizon_seconds'), '31536000')::bigint THEN
-    PERFORM buzz.reject('BZ400', 'invalid: not_before too far in future');
-  END IF;
-  IF expires IS NOT NULL AND expires <= nb THEN
-    PERFORM buzz.reject('BZ400', 'invalid: expiration before not_before');
-  END IF;
-  RETURN nb::bigint;
-END $$;
-COMMENT ON FUNCTION buzz.validate_reminder(jsonb, bigint) IS
-  'Checks a kind 30300 reminder''s tags (one non-empty d, at most one canonical not_before within the horizon, expiration after not_before); returns not_before or NULL.';
+-- NIP-09 deletion.
 
--- Stores the reminder row of a new 30300 version; a newer version cancels older unconfirmed ones.
-CREATE FUNCTION buzz.arm_reminder(p_id text, p_pubkey text, p_d text, p_created_at bigint,
-                                  p_not_before bigint, p_expires bigint) RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-  UPDATE buzz.reminders r SET state = 'cancelled', cancelled_at = now(), lease_until = NULL
-   WHERE r.pubkey = p_pubkey AND r.d_tag = p_d AND r.state IN ('armed', 'claimed');
-  IF p_not_before IS NOT NULL THEN
-    INSERT INTO buzz.reminders (id, pubkey, d_tag, created_at, not_before, expires_at)
-    VALUES (p_id, p_pubkey, p_d, p_created_at, p_not_before, p_expires);
-    -- Wake schedulers only when this reminder is due before every other armed one: they sleep
-    -- until the earliest, and NOTIFY serialises committing transactions, so it stays off the
-    -- common path (payload: when this one is due).
-    IF NOT EXISTS (SELECT 1 FROM buzz.reminders r
-                    WHERE r.state = 'armed' AND r.not_before <= p_not_before AND r.id <> p_id
-                      AND (r.expires_at IS NULL OR r.expires_at > buzz.now_unix())) THEN
-      PERFORM pg_notify('buzz_reminders', p_not_before::text);
-    END IF;
-  END IF;
-END $$;
-COMMENT ON FUNCTION buzz.arm_reminder(text, text, text, bigint, bigint, bigint) IS
-  'Arms the reminder row of a new 30300 version and cancels older unconfirmed versions of the same address.';
+-- A deletion takes every lock it needs before it touches a row, in acceptance's order: the
+-- event:<id> lock of each e target (sorted), then the address lock of each a target (sorted by
+-- key), then rows. Accepting X holds event:X and then waits for X's address; a deletion that took
+-- the address first would deadlock with it.
+CREATE FUNCTION buzz.deletion_addresses(author text, p_tags jsonb)
+RETURNS TABLE (kind integer, d_tag text, lock_key text) LANGUAGE sql STABLE
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+  SELECT DISTINCT k, d, k || ':' || author || ':' || d
+    FROM (SELECT m[1]::integer AS k,
+                 CASE WHEN buzz.kind_class(m[1]::integer) = 'replaceable' THEN '' ELSE m[3] END AS d
+            FROM unnest(buzz.tag_values(p_tags, 'a')) a,
+                 LATERAL regexp_match(a, '^([0-9]{1,5}):([0-9a-f]{64}):(.*)$') m
+           WHERE m IS NOT NULL AND m[2] = author
+             AND buzz.kind_class(m[1]::integer) IN ('replaceable', 'addressable')) s
+   ORDER BY 3
+$$;
+COMMENT ON FUNCTION buzz.deletion_addresses(text, jsonb) IS
+  'The author''s replaceable and addressable addresses a NIP-09 request names in a tags, sorted by the advisory lock key accept_event takes for each (kind:pubkey:d, with no d for a replaceable kind).';
 
--------------------------------------------------------------------------------------------------
--- NIP-09: applies a stored kind 5 request of author.
+-- Row locks: the events rows it deletes, then the reminder rows it cancels, each set by id and
+-- locked before any row is written. The scheduler's batch confirm and rollback lock reminder rows
+-- by id too; interleaving events and reminders per target, in address then id order, deadlocked
+-- with them.
 CREATE FUNCTION buzz.apply_deletion(author text, del_id text, del_created_at bigint, p_tags jsonb)
-RETURNS void LANGUAGE plpgsql AS $$
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
 DECLARE
+  ids text[] := ARRAY(SELECT DISTINCT t FROM unnest(buzz.tag_values(p_tags, 'e')) t
+                       WHERE buzz.is_hex64(t) ORDER BY t);
+  a record;
   target text;
-  addr text;
-  parts text[];
-  k integer;
 BEGIN
-  FOREACH target IN ARRAY buzz.tag_values(p_tags, 'e') LOOP
-    CONTINUE WHEN NOT buzz.is_hex64(target);
-    PERFORM pg_advisory_xact_lock(hashtextextended('event:' || target, 0));  -- see accept_event
-    DELETE FROM buzz.events WHERE id = target AND pubkey = author AND kind <> 5;
-    UPDATE buzz.reminders SET state = 'cancelled', cancelled_at = now(), lease_until = NULL
-     WHERE id = target AND pubkey = author AND state IN ('armed', 'claimed');
-    -- A tombstone even for ids not seen yet: the id stays deleted when published later.
-    INSERT INTO buzz.deleted_ids (id, pubkey, deleted_by) VALUES (target, author, del_id)
-    ON CONFLICT (id) DO NOTHING;
+  FOREACH target IN ARRAY ids LOOP
+    PERFORM pg_advisory_xact_lock(pg_catalog.hashtextextended('event:' || target, 0::bigint));  -- see accept_event
   END LOOP;
-  FOREACH addr IN ARRAY buzz.tag_values(p_tags, 'a') LOOP
-    parts := regexp_match(addr, '^([0-9]{1,5}):([0-9a-f]{64}):(.*)$');
-    CONTINUE WHEN parts IS NULL OR parts[2] <> author;
-    k := parts[1]::integer;
-    CONTINUE WHEN buzz.kind_class(k) NOT IN ('replaceable', 'addressable');
-    PERFORM pg_advisory_xact_lock(hashtextextended(k || ':' || author || ':' || parts[3], 0));
-    DELETE FROM buzz.events
-     WHERE kind = k AND pubkey = author AND created_at <= del_created_at
-       AND (buzz.kind_class(k) = 'replaceable' OR d_tag = parts[3]);
-    UPDATE buzz.reminders SET state = 'cancelled', cancelled_at = now(), lease_until = NULL
-     WHERE k = 30300 AND pubkey = author AND d_tag = parts[3] AND created_at <= del_created_at
-       AND state IN ('armed', 'claimed');
+  FOR a IN SELECT * FROM buzz.deletion_addresses(author, p_tags) LOOP
+    PERFORM pg_advisory_xact_lock(pg_catalog.hashtextextended(a.lock_key, 0::bigint));          -- see accept_event
+  END LOOP;
+
+  -- Row locks in the one order: the events rows the deletes below remove, by id, then the
+  -- reminder rows the cancels below change, by id. Each set is exactly what the statements
+  -- below match; a row changed meanwhile is re-checked when its lock is granted.
+  PERFORM 1 FROM buzz.events e
+   WHERE e.id IN (SELECT x.id FROM buzz.deletion_addresses(author, p_tags) ad
+                    JOIN buzz.events x ON x.kind = ad.kind AND x.pubkey = author
+                                      AND x.created_at <= del_created_at
+                                      AND (buzz.kind_class(ad.kind) = 'replaceable' OR x.d_tag = ad.d_tag)
+                  UNION ALL
+                  SELECT x.id FROM buzz.events x WHERE x.id = ANY (ids) AND x.pubkey = author AND x.kind <> 5)
+   ORDER BY e.id
+     FOR UPDATE OF e;
+  PERFORM 1 FROM buzz.reminders r
+   WHERE r.pubkey = author AND r.state IN ('armed', 'claimed')
+     AND (r.id = ANY (ids)
+          OR (r.created_at <= del_created_at
+              AND r.d_tag IN (SELECT ad.d_tag FROM buzz.deletion_addresses(author, p_tags) ad
+                               WHERE ad.kind = 30300)))
+   ORDER BY r.id
+     FOR UPDATE OF r;
+
+  FOR a IN SELECT * FROM buzz.deletion_addresses(author, p_tags) LOOP
+    DELETE FROM buzz.events e
+     WHERE e.kind = a.kind AND e.pubkey = author AND e.created_at <= del_created_at
+       AND (buzz.kind_class(a.kind) = 'replaceable' OR e.d_tag = a.d_tag);
+    UPDATE buzz.reminders r SET state = 'cancelled', cancelled_at = now(), lease_until = NULL
+     WHERE a.kind = 30300 AND r.pubkey = author AND r.d_tag = a.d_tag AND r.created_at <= del_created_at
+       AND r.state IN ('armed', 'claimed');
     INSERT INTO buzz.deleted_addresses AS da (kind, pubkey, d_tag, until_created_at)
-    VALUES (k, author, CASE WHEN buzz.kind_class(k) = 'replaceable' THEN '' ELSE parts[3] END, del_created_at)
+    VALUES (a.kind, author, a.d_tag, del_created_at)
     ON CONFLICT (kind, pubkey, d_tag) DO UPDATE
       SET until_created_at = greatest(da.until_created_at, EXCLUDED.until_created_at);
   END LOOP;
+  FOREACH target IN ARRAY ids LOOP
+    DELETE FROM buzz.events WHERE id = target AND pubkey = author AND kind <> 5;
+    UPDATE buzz.reminders SET state = 'cancelled', cancelled_at = now(), lease_until = NULL
+     WHERE id = target AND pubkey = author AND state IN ('armed', 'claimed');
+    -- A tombstone even for ids not seen yet: the id stays deleted when published later. It is
+    -- keyed by (id, deleter): a request naming someone else's id must not take the slot of the
+    -- author's own tombstone (only the author's one is honoured by accept_event).
+    INSERT INTO buzz.deleted_ids (id, pubkey, deleted_by) VALUES (target, author, del_id)
+    ON CONFLICT (id, pubkey) DO NOTHING;
+  END LOOP;
 END $$;
 COMMENT ON FUNCTION buzz.apply_deletion(text, text, bigint, jsonb) IS
-  'NIP-09: deletes the author''s own events named by e tags (leaving tombstones) and versions of a-tag addresses up to the request''s created_at; cancels affected reminders.';
+  'NIP-09: deletes the author''s own versions of a-tag addresses up to the request''s created_at and events named by e tags (leaving tombstones); cancels affected reminders. Takes every lock first: the advisory locks in acceptance''s order (ids, then addresses, each sorted and taken once; accept_event has already taken the ids with the request''s own), then the row locks in the one row order (the events rows it deletes, then the reminder rows it cancels, each by id); then touches rows.';
 
 -------------------------------------------------------------------------------------------------
-CREATE FUNCTION buzz.accept_event(ev jsonb, OUT ok boolean, OUT message text)
-LANGUAGE plpgsql AS $$
-DECLARE
-  e_id text := ev->>'id';
-  e_pubkey text := ev->>'pubkey';
-  e_created bigint;
-  e_kind integer;
-  e_tags jsonb := ev->'tags';
-  e_content text := ev->>'content';
-  e_sig text := ev->>'sig';
-  cls text;
-  now_s bigint := buzz.now_unix();
-  relay_pk text;
-  max_future bigint;
-  bad_tags boolean;
-  t_actor text;
-  t_p text;
-  t_d text;
-  e_tagvals text[];
-  is_dup boolean;
-  is_deleted boolean;
-  exp_s text;
-  e_expires bigint;
-  h_val text;
-  chan uuid;
-  sender text;
-  d text;
-  sc "char" := '*';
-  sp text;
-  nb bigint;
-  head record;
-  inserted integer;
-  dm record;
-  ps text[];
+-- Gift wraps.
+
+-- A gift wrap (1059) names its recipient only. With an h tag the read gates would disagree: the
+-- channel's members and the recipient would both have a claim to read it. The relay refuses it
+-- first (relay/event.go, same words). A trigger rather than a check in accept_event: it holds for
+-- every writer, and its WHEN clause runs in the executor, so other rows run no PL/pgSQL.
+CREATE FUNCTION buzz.events_gift_wrap_channel_guard() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
 BEGIN
-  -- Shape. Go has checked id and signature; these guard psql callers and the columns.
-  IF jsonb_typeof(ev) IS DISTINCT FROM 'object' OR NOT buzz.is_hex64(e_id) OR NOT buzz.is_hex64(e_pubkey)
-     OR e_sig !~ '^[0-9a-f]{128}$' OR jsonb_typeof(ev->'created_at') IS DISTINCT FROM 'number'
-     OR jsonb_typeof(ev->'kind') IS DISTINCT FROM 'number' OR jsonb_typeof(e_tags) IS DISTINCT FROM 'array'
-     OR jsonb_typeof(ev->'content') IS DISTINCT FROM 'string' THEN
-    PERFORM buzz.reject('BZ400', 'invalid: malformed event');
-  END IF;
-  -- One pass over the tags for everything acceptance needs (each separate lookup is a query).
-  -- ->> on a non-array element yields NULL, so the FILTERs are safe before the shape verdict.
+  PERFORM buzz.reject('BZ400', 'invalid: a gift wrap names no channel (h tag); it is read by its recipient (p tag) only');
+  RETURN NULL;
+END $$;
+COMMENT ON FUNCTION buzz.events_gift_wrap_channel_guard() IS
+  'Trigger (BEFORE INSERT on events, for kind 1059 with an h tag): refuses the row with BZ400 (invalid:): members of the channel and the recipient would both have a claim to read it.';
+
+CREATE TRIGGER events_gift_wrap_channel_guard BEFORE INSERT ON buzz.events
+  FOR EACH ROW WHEN (NEW.kind = 1059 AND NEW.h IS NOT NULL)
+  EXECUTE FUNCTION buzz.events_gift_wrap_channel_guard();
+
+-------------------------------------------------------------------------------------------------
+-- Acceptance. accept_event runs the checks every event passes (shape, tags, kind, time), takes
+-- the event locks, answers duplicates and deleted ids, checks the channel, then hands the event
+-- to the function of its kind. That function does the rest, in this order: read scope and its
+-- own checks, storage, then its effects. The row to store travels as a buzz.events value.
+
+-- One pass over the tags for everything acceptance needs (each separate lookup is a query).
+-- ->> on a non-array element yields NULL, so the FILTERs are safe before the shape verdict.
+CREATE FUNCTION buzz.event_tag_summary(tags jsonb, OUT bad boolean, OUT expiration text, OUT h text,
+                                       OUT actor text, OUT p text, OUT d text, OUT tagvals text[],
+                                       OUT h_min text, OUT h_max text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+BEGIN
   SELECT coalesce(bool_or(jsonb_typeof(t) <> 'array'
                           OR (jsonb_typeof(t) = 'array' AND jsonb_array_length(t) = 0)
                           OR (jsonb_typeof(t) = 'array' AND EXISTS (
@@ -377,52 +318,377 @@ BEGIN
          (array_agg(t->>1 ORDER BY n) FILTER (WHERE t->>0 = 'p' AND t->>1 IS NOT NULL))[1],
          (array_agg(t->>1 ORDER BY n) FILTER (WHERE t->>0 = 'd' AND t->>1 IS NOT NULL))[1],
          coalesce(array_agg(DISTINCT (t->>0) || ':' || (t->>1))
-                    FILTER (WHERE length(t->>0) = 1 AND t->>1 IS NOT NULL), '{}')
-    INTO bad_tags, exp_s, h_val, t_actor, t_p, t_d, e_tagvals
-    FROM jsonb_array_elements(e_tags) WITH ORDINALITY AS x(t, n);
-  IF bad_tags THEN
+                    FILTER (WHERE length(t->>0) = 1 AND t->>1 IS NOT NULL), '{}'),
+         min(t->>1) FILTER (WHERE t->>0 = 'h'), max(t->>1) FILTER (WHERE t->>0 = 'h')
+    INTO bad, expiration, h, actor, p, d, tagvals, h_min, h_max
+    FROM jsonb_array_elements(tags) WITH ORDINALITY AS x(t, n);
+END $$;
+COMMENT ON FUNCTION buzz.event_tag_summary(jsonb) IS
+  'One pass over an event''s tags: whether any tag is not a non-empty array of strings, the first expiration, h, actor, p and d values, the #x filter keys (tagvals), and the lowest and highest h value.';
+
+-- The checks every event passes before any lock, in this order. Go has checked id and
+-- signature; these guard psql callers and the columns.
+CREATE FUNCTION buzz.check_event(ev jsonb, OUT e buzz.events, OUT actor text, OUT p text, OUT d text,
+                                 OUT relay_pk text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+DECLARE
+  now_s bigint := buzz.now_unix();
+  s record;
+  max_future bigint;
+BEGIN
+  e.id := ev->>'id'; e.pubkey := ev->>'pubkey'; e.sig := ev->>'sig';
+  e.tags := ev->'tags'; e.content := ev->>'content';
+  IF jsonb_typeof(ev) IS DISTINCT FROM 'object' OR NOT buzz.is_hex64(e.id) OR NOT buzz.is_hex64(e.pubkey)
+     OR e.sig IS NULL OR length(e.sig) <> 128 OR e.sig !~ '^[0-9a-f]+$'
+     OR jsonb_typeof(ev->'created_at') IS DISTINCT FROM 'number'
+     OR jsonb_typeof(ev->'kind') IS DISTINCT FROM 'number' OR jsonb_typeof(e.tags) IS DISTINCT FROM 'array'
+     OR jsonb_typeof(ev->'content') IS DISTINCT FROM 'string' THEN
+    PERFORM buzz.reject('BZ400', 'invalid: malformed event');
+  END IF;
+  SELECT * INTO s FROM buzz.event_tag_summary(e.tags);
+  IF s.bad THEN
     PERFORM buzz.reject('BZ400', 'invalid: tags must be arrays of strings');
   END IF;
-  SELECT coalesce(max(value) FILTER (WHERE key = 'relay_pubkey'), ''),
-         coalesce(max(value) FILTER (WHERE key = 'max_future_seconds'), '900')::bigint
-    INTO relay_pk, max_future FROM buzz.config;
+  -- The membership check, the read gate and resurfacing all follow one channel; a second h value
+  -- would put the event into another channel's history (#h) unchecked.
+  IF s.h_min <> s.h_max THEN
+    PERFORM buzz.reject('BZ400', 'invalid: an event names at most one channel (h tag)');
+  END IF;
+  SELECT coalesce(max(c.value) FILTER (WHERE c.key = 'relay_pubkey'), ''),
+         coalesce(max(c.value) FILTER (WHERE c.key = 'max_future_seconds'), '900')::bigint
+    INTO relay_pk, max_future FROM buzz.config c;
   IF (ev->>'created_at')::numeric NOT BETWEEN 0 AND 9007199254740991
      OR (ev->>'kind')::numeric NOT BETWEEN 0 AND 65535 OR (ev->>'kind')::numeric % 1 <> 0
      OR (ev->>'created_at')::numeric % 1 <> 0 THEN
     PERFORM buzz.reject('BZ400', 'invalid: malformed event');
   END IF;
-  e_created := (ev->>'created_at')::bigint;
-  e_kind := (ev->>'kind')::integer;
-  cls := buzz.kind_class(e_kind);
-
-  IF e_kind = 22242 THEN
-    PERFORM buzz.reject('BZ400', 'invalid: AUTH events are sent with AUTH, not EVENT');
-  END IF;
-  IF e_kind = 30622 THEN
-    PERFORM buzz.reject('BZ403', 'restricted: relay-only kind');
-  END IF;
-  IF e_created > now_s + max_future THEN
+  e.created_at := (ev->>'created_at')::bigint;
+  e.kind := (ev->>'kind')::integer;
+  PERFORM buzz.check_kind(e.kind, e.tags, s.p);
+  IF e.created_at > now_s + max_future THEN
     PERFORM buzz.reject('BZ400', 'invalid: created_at too far in future');
   END IF;
-
   -- NIP-40
-  IF exp_s IS NOT NULL THEN
-    IF exp_s !~ '^[0-9]{1,16}$' THEN
+  IF s.expiration IS NOT NULL THEN
+    IF s.expiration !~ '^[0-9]{1,16}$' THEN
       PERFORM buzz.reject('BZ400', 'invalid: malformed expiration');
     END IF;
-    e_expires := exp_s::bigint;
-    IF e_expires <= now_s THEN
+    e.expires_at := s.expiration::bigint;
+    IF e.expires_at <= now_s THEN
       PERFORM buzz.reject('BZ400', 'invalid: expired');
     END IF;
   END IF;
+  e.tagvals := s.tagvals; e.h := s.h; e.scope := '*';
+  actor := s.actor; p := s.p; d := s.d;
+END $$;
+COMMENT ON FUNCTION buzz.check_event(jsonb) IS
+  'The checks of accept_event that come before any lock: shape, tags, one channel, created_at and kind ranges, kinds refused here, created_at not too far ahead, NIP-40 expiration. Returns the row to store (scope *, no channel yet) and the first actor, p and d tag values and the relay pubkey; raises BZ400/BZ403 otherwise.';
 
-  -- Idempotent by id.
-  -- Serialise with a concurrent NIP-09 deletion of this id (apply_deletion takes the same lock):
-  -- its DELETE cannot see our uncommitted row, so without the lock both could commit and leave a
-  -- deleted event stored.
-  PERFORM pg_advisory_xact_lock(hashtextextended('event:' || e_id, 0));
-  SELECT EXISTS (SELECT 1 FROM buzz.events WHERE id = e_id),
-         EXISTS (SELECT 1 FROM buzz.deleted_ids WHERE id = e_id AND pubkey = e_pubkey)
+-- Kinds refused before any lock.
+CREATE FUNCTION buzz.check_kind(kind integer, tags jsonb, first_p text) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+BEGIN
+  IF kind = 22242 THEN
+    PERFORM buzz.reject('BZ400', 'invalid: AUTH events are sent with AUTH, not EVENT');
+  END IF;
+  IF kind = 30622 THEN
+    PERFORM buzz.reject('BZ403', 'restricted: relay-only kind');
+  END IF;
+  -- A gift wrap is served to the one pubkey its p tag names (the first one): a second recipient
+  -- could never read it. The relay refuses it before calling here (relay/event.go, same words).
+  -- Other kinds pay one integer comparison.
+  IF kind = 1059 THEN
+    IF EXISTS (SELECT 1 FROM jsonb_array_elements(tags) t WHERE t->>0 = 'p' AND t->>1 <> first_p) THEN
+      PERFORM buzz.reject('BZ400', 'invalid: a gift wrap names one recipient (p tag); send one wrap per recipient');
+    END IF;
+  END IF;
+END $$;
+COMMENT ON FUNCTION buzz.check_kind(integer, jsonb, text) IS
+  'Refuses AUTH events (22242) and the relay-only kind 30622, and a gift wrap (1059) whose p tags name two different recipients (first_p is its first p value).';
+
+-- Idempotent by id. Serialise with a concurrent NIP-09 deletion of this id (apply_deletion takes
+-- the same lock): its DELETE cannot see our uncommitted row, so without the lock both could
+-- commit and leave a deleted event stored. A deletion takes its own id together with the
+-- well-formed ids it names, as one sorted set; apply_deletion takes them again, which is harmless
+-- (advisory locks are re-entrant).
+CREATE FUNCTION buzz.lock_event_ids(p_id text, p_kind integer, p_tags jsonb) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+DECLARE
+  ids text[] := ARRAY[p_id];
+  i text;
+BEGIN
+  IF p_kind = 5 THEN
+    ids := ARRAY(SELECT DISTINCT x FROM unnest(ARRAY[p_id] || buzz.tag_values(p_tags, 'e')) x
+                  WHERE buzz.is_hex64(x) ORDER BY x);
+  END IF;
+  FOREACH i IN ARRAY ids LOOP
+    PERFORM pg_advisory_xact_lock(pg_catalog.hashtextextended('event:' || i, 0::bigint));
+  END LOOP;
+END $$;
+COMMENT ON FUNCTION buzz.lock_event_ids(text, integer, jsonb) IS
+  'Takes the event:<id> advisory locks of an event being accepted, sorted by id: its own id, and for a deletion (kind 5) also every well-formed id its e tags name.';
+
+-- An h tag must name an existing channel whose (effective) sender is a member.
+CREATE FUNCTION buzz.check_channel(p_h text, p_sender text) RETURNS uuid
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+DECLARE
+  chan uuid;
+BEGIN
+  IF p_h !~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' THEN
+    PERFORM buzz.reject('BZ403', 'restricted: unknown channel');
+  END IF;
+  chan := p_h::uuid;
+  IF NOT EXISTS (SELECT 1 FROM buzz.channels c WHERE c.id = chan) THEN
+    PERFORM buzz.reject('BZ403', 'restricted: unknown channel');
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM buzz.members m WHERE m.channel_id = chan AND m.pubkey = p_sender) THEN
+    PERFORM buzz.reject('BZ403', 'restricted: not a member of this channel');
+  END IF;
+  RETURN chan;
+END $$;
+COMMENT ON FUNCTION buzz.check_channel(text, text) IS
+  'The channel an h tag value names; raises BZ403 (restricted:) when it is not a known channel or p_sender is not a member.';
+
+-- Stores e. A concurrent writer may have stored the same id first: its effects are its own.
+CREATE FUNCTION buzz.accept_plain(e buzz.events, OUT ok boolean, OUT message text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+DECLARE
+  inserted integer;
+BEGIN
+  INSERT INTO buzz.events (id, pubkey, created_at, kind, tags, content, sig, d_tag, tagvals, h,
+                           expires_at, scope, scope_p, channel_id)
+  VALUES (e.id, e.pubkey, e.created_at, e.kind, e.tags, e.content, e.sig, e.d_tag, e.tagvals,
+          e.h, e.expires_at, e.scope, e.scope_p, e.channel_id)
+  ON CONFLICT (id) DO NOTHING;
+  GET DIAGNOSTICS inserted = ROW_COUNT;
+  ok := true;
+  message := CASE WHEN inserted = 0 THEN 'duplicate: already have this event' ELSE '' END;
+END $$;
+COMMENT ON FUNCTION buzz.accept_plain(buzz.events) IS
+  'Stores an accepted event row: (true, '''') when stored, (true, duplicate) when a concurrent writer stored the same id first. Every kind''s acceptance stores through it.';
+
+-- Human-visible activity in a DM clears every other participant's hide.
+CREATE FUNCTION buzz.accept_dm_message(e buzz.events, sender text, OUT ok boolean, OUT message text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+BEGIN
+  SELECT a.ok, a.message INTO ok, message FROM buzz.accept_plain(e) a;
+  IF message = '' THEN
+    PERFORM buzz.resurface_dm(e.channel_id, sender);
+  END IF;
+END $$;
+COMMENT ON FUNCTION buzz.accept_dm_message(buzz.events, text) IS
+  'Stores a human-visible event of a DM and resurfaces the DM for every participant but sender who hid it.';
+
+-- Fanned out through a transactional logical message, never stored. Losing one in a crash is
+-- acceptable (it is ephemeral), so the commit skips the WAL flush wait.
+CREATE FUNCTION buzz.accept_ephemeral(e buzz.events, OUT ok boolean, OUT message text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+BEGIN
+  PERFORM set_config('synchronous_commit', 'off', true);
+  PERFORM pg_logical_emit_message(true, 'buzz', jsonb_build_object(
+    't', 'eph',
+    'ev', jsonb_build_object('id', e.id, 'pubkey', e.pubkey, 'created_at', e.created_at, 'kind', e.kind,
+                             'tags', e.tags, 'content', e.content, 'sig', e.sig),
+    'scope', e.scope::text, 'scope_p', e.scope_p, 'channel_id', e.channel_id)::text);
+  ok := true; message := '';
+END $$;
+COMMENT ON FUNCTION buzz.accept_ephemeral(buzz.events) IS
+  'Fans out an ephemeral event (kinds 20000-29999) as a transactional logical message (prefix buzz, t eph) with its read scope; never stored. Turns synchronous_commit off for the transaction.';
+
+-- Writers of one address are serialised by an advisory lock, and one head is kept: newer
+-- created_at wins; on a tie the lowest id. The unique head indexes are the backstop.
+CREATE FUNCTION buzz.replace_head(e buzz.events, OUT ok boolean, OUT message text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+DECLARE
+  head record;
+  replaceable boolean := buzz.kind_class(e.kind) = 'replaceable';
+BEGIN
+  PERFORM pg_advisory_xact_lock(pg_catalog.hashtextextended(e.kind::text || ':' || e.pubkey || ':' || e.d_tag, 0::bigint));
+  IF EXISTS (SELECT 1 FROM buzz.deleted_addresses x
+              WHERE x.kind = e.kind AND x.pubkey = e.pubkey AND x.d_tag = e.d_tag
+                AND x.until_created_at >= e.created_at) THEN
+    ok := false; message := 'blocked: deleted'; RETURN;
+  END IF;
+  SELECT x.id, x.created_at INTO head FROM buzz.events x
+   WHERE x.kind = e.kind AND x.pubkey = e.pubkey AND (replaceable OR x.d_tag = e.d_tag)
+   FOR UPDATE;
+  IF FOUND THEN
+    IF head.id = e.id THEN
+      ok := true; message := 'duplicate: already have this event'; RETURN;
+    END IF;
+    IF head.created_at > e.created_at OR (head.created_at = e.created_at AND head.id < e.id) THEN
+      ok := false; message := 'duplicate: have newer'; RETURN;
+    END IF;
+    DELETE FROM buzz.events x WHERE x.id = head.id;
+  END IF;
+END $$;
+COMMENT ON FUNCTION buzz.replace_head(buzz.events) IS
+  'For a replaceable or addressable event (e.d_tag set, '''' for replaceable kinds): takes the address lock, then removes the head it replaces. Returns a verdict when e must not be stored (deleted address, same event, a newer head), ok NULL when it may.';
+
+CREATE FUNCTION buzz.accept_replaceable(e buzz.events, d text, OUT ok boolean, OUT message text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+BEGIN
+  e.d_tag := CASE WHEN buzz.kind_class(e.kind) = 'addressable' THEN coalesce(d, '') ELSE '' END;
+  SELECT r.ok, r.message INTO ok, message FROM buzz.replace_head(e) r;
+  IF ok IS NULL THEN
+    SELECT a.ok, a.message INTO ok, message FROM buzz.accept_plain(e) a;
+  END IF;
+END $$;
+COMMENT ON FUNCTION buzz.accept_replaceable(buzz.events, text) IS
+  'Accepts a replaceable or addressable event (d: its first d tag value): NIP-01 replacement of the address''s head, then storage.';
+
+-- A deletion is public only when every event it names is stored and public right now. A target
+-- that is gated, already deleted, not committed yet or unknown here may be a gated event, and a
+-- public request would reveal its id or address to everyone.
+CREATE FUNCTION buzz.accept_deletion(e buzz.events, OUT ok boolean, OUT message text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+BEGIN
+  IF e.scope = 'c'
+     OR EXISTS (SELECT 1 FROM unnest(buzz.tag_values(e.tags, 'e')) AS t(id)
+                 WHERE NOT EXISTS (SELECT 1 FROM buzz.events x WHERE x.id = t.id AND x.scope = '*'))
+     OR EXISTS (SELECT 1 FROM unnest(buzz.tag_values(e.tags, 'a')) AS a(v)
+                 CROSS JOIN LATERAL (SELECT regexp_match(a.v, '^([0-9]{1,5}):([0-9a-f]{64}):(.*)$') AS r) m
+                 WHERE m.r IS NULL
+                    OR m.r[1] IN ('30300', '30622', '41010', '41011', '41012', '1059')
+                    OR NOT EXISTS (SELECT 1 FROM buzz.events x
+                                    WHERE x.kind = m.r[1]::integer AND x.pubkey = m.r[2] AND x.scope = '*'
+                                      AND (x.kind NOT BETWEEN 30000 AND 39999 OR x.d_tag = m.r[3]))) THEN
+    e.scope := 'a';
+  END IF;
+  SELECT a.ok, a.message INTO ok, message FROM buzz.accept_plain(e) a;
+  IF message = '' THEN
+    PERFORM buzz.apply_deletion(e.pubkey, e.id, e.created_at, e.tags);
+  END IF;
+END $$;
+COMMENT ON FUNCTION buzz.accept_deletion(buzz.events) IS
+  'Accepts a NIP-09 deletion (kind 5): public only when every event it names is stored and public, author-only otherwise; stores it, then applies it (apply_deletion).';
+
+-- The read gate serves a gift wrap to the one pubkey in its p tag (the first; check_kind refused
+-- a second recipient).
+CREATE FUNCTION buzz.accept_gift_wrap(e buzz.events, p text, OUT ok boolean, OUT message text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+BEGIN
+  e.scope_p := p;
+  IF p IS NULL OR NOT buzz.is_hex64(p) THEN
+    PERFORM buzz.reject('BZ400', 'invalid: gift wrap needs a p tag');
+  END IF;
+  e.scope := 'p';
+  SELECT a.ok, a.message INTO ok, message FROM buzz.accept_plain(e) a;
+END $$;
+COMMENT ON FUNCTION buzz.accept_gift_wrap(buzz.events, text) IS
+  'Accepts a gift wrap (1059) readable by its recipient only (p: its first p tag value, which must be a pubkey). One with an h tag is refused by the events trigger events_gift_wrap_channel_guard.';
+
+CREATE FUNCTION buzz.accept_reminder(e buzz.events, d text, OUT ok boolean, OUT message text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+DECLARE
+  nb bigint;
+BEGIN
+  e.scope := 'a';
+  nb := buzz.validate_reminder(e.tags, e.expires_at);
+  e.d_tag := coalesce(d, '');
+  SELECT r.ok, r.message INTO ok, message FROM buzz.replace_head(e) r;
+  IF ok IS NOT NULL THEN
+    RETURN;
+  END IF;
+  SELECT a.ok, a.message INTO ok, message FROM buzz.accept_plain(e) a;
+  IF message = '' THEN
+    PERFORM buzz.arm_reminder(e.id, e.pubkey, e.d_tag, e.created_at, nb, e.expires_at);
+  END IF;
+END $$;
+COMMENT ON FUNCTION buzz.accept_reminder(buzz.events, text) IS
+  'Accepts a NIP-ER reminder (30300, addressable, author-only): validates it, replaces the address''s head, stores it and arms its reminder row.';
+
+-- DM commands: 41010 opens a DM, 41011 adds members (a new DM of the larger set), 41012 hides
+-- one for its author. Author-only.
+CREATE FUNCTION buzz.accept_dm_command(e buzz.events, OUT ok boolean, OUT message text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+DECLARE
+  ps text[];
+  dm record;
+BEGIN
+  e.scope := 'a';
+  IF e.kind IN (41011, 41012) AND e.channel_id IS NULL THEN
+    PERFORM buzz.reject('BZ400', 'invalid: missing h tag');
+  END IF;
+  IF e.kind IN (41010, 41011) THEN
+    ps := buzz.tag_values(e.tags, 'p');
+    IF EXISTS (SELECT 1 FROM unnest(ps) x WHERE NOT buzz.is_hex64(x)) THEN
+      PERFORM buzz.reject('BZ400', 'invalid: p tags must be 64-char lowercase hex pubkeys');
+    END IF;
+    -- open_dm adds the opener and drops repeats: count the distinct others it will see.
+    IF e.kind = 41010
+       AND (SELECT count(DISTINCT x) FROM unnest(ps) x WHERE x <> e.pubkey) NOT BETWEEN 1 AND 8 THEN
+      PERFORM buzz.reject('BZ400', 'invalid: a DM open names 1 to 8 other participants');
+    END IF;
+    IF e.kind = 41011 AND coalesce(array_length(ps, 1), 0) < 1 THEN
+      PERFORM buzz.reject('BZ400', 'invalid: name at least one member to add');
+    END IF;
+  END IF;
+  SELECT a.ok, a.message INTO ok, message FROM buzz.accept_plain(e) a;
+  IF message <> '' THEN
+    RETURN;
+  END IF;
+  IF e.kind = 41012 THEN
+    PERFORM buzz.set_dm_hidden(e.pubkey, e.channel_id, true);
+    RETURN;
+  END IF;
+  IF e.kind = 41011 THEN
+    SELECT array_agg(s.pubkey) INTO ps FROM (
+      SELECT m.pubkey FROM buzz.members m WHERE m.channel_id = e.channel_id
+      UNION SELECT unnest(buzz.tag_values(e.tags, 'p'))) s;
+  END IF;
+  dm := buzz.open_dm(e.pubkey, ps, e.id);
+  message := 'response:' || jsonb_build_object('channel_id', dm.channel_id, 'created', dm.created)::text;
+END $$;
+COMMENT ON FUNCTION buzz.accept_dm_command(buzz.events) IS
+  'Accepts a DM command (41010 open, 41011 add members, 41012 hide) and runs it; an open or add answers response:{"channel_id":..,"created":..}.';
+
+CREATE FUNCTION buzz.accept_event(ev jsonb, OUT ok boolean, OUT message text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+DECLARE
+  c record;
+  e buzz.events;
+  sender text;
+  is_dup boolean;
+  is_deleted boolean;
+  cls text;
+BEGIN
+  SELECT * INTO c FROM buzz.check_event(ev);
+  e := c.e;
+  cls := buzz.kind_class(e.kind);
+  -- Lock order, in every transaction: the event:<id> locks sorted by id, then address locks
+  -- sorted by key (replace_head, apply_deletion), then rows.
+  PERFORM buzz.lock_event_ids(e.id, e.kind, e.tags);
+  SELECT EXISTS (SELECT 1 FROM buzz.events x WHERE x.id = e.id),
+         EXISTS (SELECT 1 FROM buzz.deleted_ids x WHERE x.id = e.id AND x.pubkey = e.pubkey)
     INTO is_dup, is_deleted;
   IF is_dup THEN
     ok := true; message := 'duplicate: already have this event'; RETURN;
@@ -430,138 +696,99 @@ BEGIN
   IF is_deleted THEN
     ok := false; message := 'blocked: deleted'; RETURN;
   END IF;
-
-  -- Channels: an h tag must name an existing channel whose (effective) sender is a member.
   -- On events the relay key signs for someone else, the sender is the actor tag, else the first p.
-  sender := e_pubkey;
-  IF e_pubkey = relay_pk AND relay_pk <> '' THEN
-    sender := coalesce(t_actor, t_p, e_pubkey);
+  sender := e.pubkey;
+  IF e.pubkey = c.relay_pk AND c.relay_pk <> '' THEN
+    sender := coalesce(c.actor, c.p, e.pubkey);
   END IF;
-  IF h_val IS NOT NULL THEN
-    IF h_val !~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' THEN
-      PERFORM buzz.reject('BZ403', 'restricted: unknown channel');
-    END IF;
-    chan := h_val::uuid;
-    IF NOT EXISTS (SELECT 1 FROM buzz.channels WHERE id = chan) THEN
-      PERFORM buzz.reject('BZ403', 'restricted: unknown channel');
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM buzz.members WHERE channel_id = chan AND pubkey = sender) THEN
-      PERFORM buzz.reject('BZ403', 'restricted: not a member of this channel');
-    END IF;
-    sc := 'c';
+  IF e.h IS NOT NULL THEN
+    e.channel_id := buzz.check_channel(e.h, sender);
+    e.scope := 'c';
   END IF;
-
-  -- Read scope (PROTOCOL.md "Read gates").
-  IF e_kind IN (41010, 41011, 41012, 30300) THEN
-    sc := 'a';
-  ELSIF e_kind = 1059 THEN
-    sp := t_p;
-    IF sp IS NULL OR NOT buzz.is_hex64(sp) THEN
-      PERFORM buzz.reject('BZ400', 'invalid: gift wrap needs a p tag');
-    END IF;
-    sc := 'p';
-  ELSIF e_kind = 5 THEN
-    IF sc = 'c'
-       OR EXISTS (SELECT 1 FROM buzz.events x
-                   WHERE x.id = ANY (buzz.tag_values(e_tags, 'e')) AND x.scope <> '*')
-       OR EXISTS (SELECT 1 FROM unnest(buzz.tag_values(e_tags, 'a')) a
-                   WHERE split_part(a, ':', 1) IN ('30300', '30622', '41010', '41011', '41012', '1059')) THEN
-      sc := 'a';
-    END IF;
-  END IF;
-
-  IF e_kind = 30300 THEN
-    nb := buzz.validate_reminder(e_tags, e_expires);
-  END IF;
-  IF e_kind IN (41011, 41012) AND chan IS NULL THEN
-    PERFORM buzz.reject('BZ400', 'invalid: missing h tag');
-  END IF;
-  IF e_kind IN (41010, 41011) THEN
-    ps := buzz.tag_values(e_tags, 'p');
-    IF EXISTS (SELECT 1 FROM unnest(ps) p WHERE NOT buzz.is_hex64(p)) THEN
-      PERFORM buzz.reject('BZ400', 'invalid: p tags must be 64-char lowercase hex pubkeys');
-    END IF;
-    IF e_kind = 41010 AND (coalesce(array_length(ps, 1), 0) < 1 OR array_length(ps, 1) > 8) THEN
-      PERFORM buzz.reject('BZ400', 'invalid: a DM open names 1 to 8 other participants');
-    END IF;
-    IF e_kind = 41011 AND coalesce(array_length(ps, 1), 0) < 1 THEN
-      PERFORM buzz.reject('BZ400', 'invalid: name at least one member to add');
-    END IF;
-  END IF;
-
-  -- Ephemeral: fanned out through a transactional logical message, never stored. Losing one in a
-  -- crash is acceptable (it is ephemeral), so skip the WAL flush wait.
-  IF cls = 'ephemeral' THEN
-    PERFORM set_config('synchronous_commit', 'off', true);
-    PERFORM pg_logical_emit_message(true, 'buzz', jsonb_build_object(
-      't', 'eph',
-      'ev', jsonb_build_object('id', e_id, 'pubkey', e_pubkey, 'created_at', e_created, 'kind', e_kind,
-                               'tags', e_tags, 'content', e_content, 'sig', e_sig),
-      'scope', sc::text, 'scope_p', sp, 'channel_id', chan)::text);
-    ok := true; message := ''; RETURN;
-  END IF;
-
-  -- Replaceable / addressable: serialise writers of the address, keep one head.
-  IF cls IN ('replaceable', 'addressable') THEN
-    d := CASE WHEN cls = 'addressable' THEN coalesce(t_d, '') ELSE '' END;
-    PERFORM pg_advisory_xact_lock(hashtextextended(e_kind || ':' || e_pubkey || ':' || d, 0));
-    IF EXISTS (SELECT 1 FROM buzz.deleted_addresses
-                WHERE kind = e_kind AND pubkey = e_pubkey AND d_tag = d AND until_created_at >= e_created) THEN
-      ok := false; message := 'blocked: deleted'; RETURN;
-    END IF;
-    SELECT id, created_at INTO head FROM buzz.events
-     WHERE kind = e_kind AND pubkey = e_pubkey AND (cls = 'replaceable' OR d_tag = d)
-     FOR UPDATE;
-    IF FOUND THEN
-      IF head.id = e_id THEN
-        ok := true; message := 'duplicate: already have this event'; RETURN;
-      END IF;
-      -- Newer created_at wins; on a tie the lowest id.
-      IF head.created_at > e_created OR (head.created_at = e_created AND head.id < e_id) THEN
-        ok := false; message := 'duplicate: have newer'; RETURN;
-      END IF;
-      DELETE FROM buzz.events WHERE id = head.id;
-    END IF;
-  END IF;
-
-  INSERT INTO buzz.events (id, pubkey, created_at, kind, tags, content, sig, d_tag, tagvals, h,
-                           expires_at, scope, scope_p, channel_id)
-  VALUES (e_id, e_pubkey, e_created, e_kind, e_tags, e_content, e_sig, d, e_tagvals,
-          h_val, e_expires, sc, sp, chan)
-  ON CONFLICT (id) DO NOTHING;
-  GET DIAGNOSTICS inserted = ROW_COUNT;
-  IF inserted = 0 THEN
-    -- A concurrent writer stored the same id first; its effects are its own.
-    ok := true; message := 'duplicate: already have this event'; RETURN;
-  END IF;
-
-  ok := true; message := '';
+  -- Read scope per kind: docs/protocol.md, Read gates.
   CASE
-    WHEN e_kind = 5 THEN
-      PERFORM buzz.apply_deletion(e_pubkey, e_id, e_created, e_tags);
-    WHEN e_kind = 41010 THEN
-      dm := buzz.open_dm(e_pubkey, ps, e_id);
-      message := 'response:' || jsonb_build_object('channel_id', dm.channel_id, 'created', dm.created)::text;
-    WHEN e_kind = 41011 THEN
-      SELECT array_agg(pubkey) INTO ps FROM (
-        SELECT pubkey FROM buzz.members WHERE channel_id = chan
-        UNION SELECT unnest(buzz.tag_values(e_tags, 'p'))) s;
-      dm := buzz.open_dm(e_pubkey, ps, e_id);
-      message := 'response:' || jsonb_build_object('channel_id', dm.channel_id, 'created', dm.created)::text;
-    WHEN e_kind = 41012 THEN
-      PERFORM buzz.set_dm_hidden(e_pubkey, chan, true);
-    WHEN e_kind = 30300 THEN
-      PERFORM buzz.arm_reminder(e_id, e_pubkey, d, e_created, nb, e_expires);
-    WHEN chan IS NOT NULL AND buzz.is_human_visible(e_kind) THEN
-      PERFORM buzz.resurface_dm(chan, sender);
+    WHEN e.kind = 5 THEN
+      SELECT a.ok, a.message INTO ok, message FROM buzz.accept_deletion(e) a;
+    WHEN e.kind IN (41010, 41011, 41012) THEN
+      SELECT a.ok, a.message INTO ok, message FROM buzz.accept_dm_command(e) a;
+    WHEN e.kind = 30300 THEN
+      SELECT a.ok, a.message INTO ok, message FROM buzz.accept_reminder(e, c.d) a;
+    WHEN e.kind = 1059 THEN
+      SELECT a.ok, a.message INTO ok, message FROM buzz.accept_gift_wrap(e, c.p) a;
+    WHEN cls = 'ephemeral' THEN
+      SELECT a.ok, a.message INTO ok, message FROM buzz.accept_ephemeral(e) a;
+    WHEN cls IN ('replaceable', 'addressable') THEN
+      SELECT a.ok, a.message INTO ok, message FROM buzz.accept_replaceable(e, c.d) a;
+    WHEN e.channel_id IS NOT NULL AND buzz.is_human_visible(e.kind) THEN
+      SELECT a.ok, a.message INTO ok, message FROM buzz.accept_dm_message(e, sender) a;
     ELSE
-      NULL;
+      SELECT a.ok, a.message INTO ok, message FROM buzz.accept_plain(e) a;
   END CASE;
 END $$;
 COMMENT ON FUNCTION buzz.accept_event(jsonb) IS
-  'The whole acceptance of one event whose id and signature the CALLER HAS VERIFIED (execute is granted to buzz_relay and buzz_operator only; operators post with `buzzpg send`, which signs). Stores with NIP-01 replacement, applies NIP-09/NIP-40, runs DM commands, resurfaces hidden DMs and bumps visibility generations, arms reminders, fans out ephemeral events, all in the caller''s transaction. Returns (ok, message) for accepted/duplicate/have-newer/deleted; raises BZ400/BZ401/BZ403 (message carries the OK prefix) for rejections.';
+  'The whole acceptance of one event whose id and signature the CALLER HAS VERIFIED (execute is granted to buzz_relay and buzz_operator only; operators post with `buzzpg send`, which signs). Stores with NIP-01 replacement, applies NIP-09/NIP-40, runs DM commands, resurfaces hidden DMs and bumps visibility generations, arms reminders, fans out ephemeral events, all in the caller''s transaction. Lock order: event:<id> advisory locks sorted by id (a deletion takes its own id with the ids it names), then address locks sorted by key, then rows. Returns (ok, message) for accepted/duplicate/have-newer/deleted; raises BZ400/BZ401/BZ403 (message carries the OK prefix) for rejections, among them a gift wrap (1059) whose p tags name no recipient or two different ones (the relay refuses the second as well; accept_event refuses it before any lock).';
 
-REVOKE ALL ON FUNCTION buzz.accept_event(jsonb) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION buzz.accept_event(jsonb) TO buzz_relay, buzz_operator;
-GRANT USAGE ON SCHEMA buzz TO buzz_relay, buzz_operator;
-GRANT EXECUTE ON FUNCTION buzz.hide_dm(text, uuid), buzz.unhide_dm(text, uuid) TO buzz_operator, buzz_relay;
+-- Group commit: most of an accepted event's cost is the transaction around it (round trip,
+-- commit, WAL flush, a walsender wake-up), so the relay sends the events that arrive together as
+-- one call (internal/store/batch.go). Each event runs in its own subtransaction: one refused with
+-- a client SQLSTATE rolls back alone and its row says why; any other error aborts the call, and
+-- the relay then stores each event on its own.
+-- At most 60 events: PostgreSQL caches 64 subtransaction ids per backend, and a transaction past
+-- that makes every other backend's snapshots look up pg_subtrans.
+-- accept_event turns synchronous_commit off for an ephemeral event. That outlives the
+-- subtransaction, so it is put back when the call holds any other event: an OK for a stored event
+-- must not precede its WAL flush.
+CREATE FUNCTION buzz.accept_events(evs jsonb, lock_wait_ms integer DEFAULT 0)
+RETURNS TABLE (ok boolean, message text, code text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+DECLARE
+  ev jsonb;
+  sync_commit text := current_setting('synchronous_commit');
+  old_lock_timeout text := current_setting('lock_timeout');
+  durable boolean := false;
+BEGIN
+  IF evs IS NULL OR jsonb_typeof(evs) <> 'array' THEN
+    PERFORM buzz.reject('BZ400', 'invalid: accept_events takes a JSON array of events');
+  END IF;
+  IF jsonb_array_length(evs) > 60 THEN
+    PERFORM buzz.reject('BZ400', 'invalid: at most 60 events per accept_events call (one subtransaction each)');
+  END IF;
+  IF lock_wait_ms IS NULL OR lock_wait_ms < 0 THEN
+    PERFORM buzz.reject('BZ400', 'invalid: lock_wait_ms must be 0 (wait as the session does) or a positive number of milliseconds');
+  END IF;
+  IF lock_wait_ms > 0 THEN
+    PERFORM set_config('lock_timeout', lock_wait_ms::text, true);
+  END IF;
+  FOR ev IN SELECT e FROM jsonb_array_elements(evs) WITH ORDINALITY AS a(e, i) ORDER BY i LOOP
+    -- A kind that is not a number is refused by accept_event; count it as durable to be safe.
+    durable := durable OR NOT coalesce(jsonb_typeof(ev -> 'kind') = 'number'
+                                       AND (ev ->> 'kind')::numeric >= 20000
+                                       AND (ev ->> 'kind')::numeric < 30000, false);
+    BEGIN
+      SELECT a.ok, a.message INTO ok, message FROM buzz.accept_event(ev) a;
+      code := NULL;
+    EXCEPTION
+      WHEN SQLSTATE 'BZ400' OR SQLSTATE 'BZ401' OR SQLSTATE 'BZ403' OR SQLSTATE 'BZ409'
+        OR SQLSTATE 'BZ429' OR SQLSTATE '22P05' OR SQLSTATE '22P02' OR SQLSTATE '22003'
+        OR SQLSTATE '54000' THEN
+        GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, message = MESSAGE_TEXT;
+        ok := false;
+    END;
+    RETURN NEXT;
+  END LOOP;
+  IF durable THEN
+    PERFORM set_config('synchronous_commit', sync_commit, true);
+  END IF;
+  PERFORM set_config('lock_timeout', old_lock_timeout, true);
+END $$;
+COMMENT ON FUNCTION buzz.accept_events(jsonb, integer) IS
+  'Accepts up to 60 events (a JSON array) in one transaction, each as buzz.accept_event in its own subtransaction; one row per event, in order: (ok, message) as accept_event returns them, or ok false with the client SQLSTATE (code) and message it raised (BZ400 invalid:, BZ401 auth-required:, BZ403 restricted:, BZ409 blocked:, BZ429 rate-limited:, 22P02/22P05/22003 invalid:, 54000 a value too long to index). Any other error aborts the whole call. lock_wait_ms > 0 bounds every lock wait in the call (lock_timeout, 55P03). Callers must have verified each signature, as for accept_event.';
+
+-- These trust their caller to have verified signatures, and some store rows directly.
+REVOKE ALL ON FUNCTION buzz.accept_event(jsonb), buzz.accept_events(jsonb, integer),
+  buzz.accept_plain(buzz.events), buzz.accept_dm_message(buzz.events, text), buzz.accept_ephemeral(buzz.events),
+  buzz.replace_head(buzz.events), buzz.accept_replaceable(buzz.events, text), buzz.accept_deletion(buzz.events),
+  buzz.accept_gift_wrap(buzz.events, text), buzz.accept_reminder(buzz.events, text),
+  buzz.accept_dm_command(buzz.events) FROM PUBLIC;

@@ -1,6 +1,6 @@
 package tests
 
-// buzz.accept_events (sql/0028) accepts several events in one transaction, each as accept_event
+// buzz.accept_events (sql/0002_accept.up.sql) accepts several events in one transaction, each as accept_event
 // in its own subtransaction. What the batch must not change: the durability of a stored event
 // (an ephemeral event turns synchronous_commit off for its transaction), the session's own
 // lock_timeout, and PostgreSQL's subtransaction cache (at most 60 events).

@@ -11,8 +11,8 @@ import (
 )
 
 // A claim made from psql with a NULL lease would never be recovered (recovery waits for
-// lease_until < now()): the claim functions refuse it with BZ400 (0022), a hand-written UPDATE
-// that makes one is refused by 0018's constraints with 23514, and the row stays claimable.
+// lease_until < now()): the claim functions refuse it with BZ400, a hand-written UPDATE
+// that makes one is refused by the tables' constraints with 23514, and the row stays claimable.
 func TestClaimsWithoutALeaseAreRefused(t *testing.T) {
 	pool := testenv.Pool(t, testenv.FreshDB(t))
 	ctx := context.Background()

@@ -9,7 +9,7 @@ import (
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
-// Event locks of a deletion taken as one sorted set with its own id (sql/0021). Each test pauses
+// Event locks of a deletion taken as one sorted set with its own id (sql/0002_accept.up.sql). Each test pauses
 // one acceptance as it inserts its event row, lets the other run until it waits, releases the
 // first, and checks that no deadlock (40P01) broke the two apart.
 

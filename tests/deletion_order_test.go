@@ -11,7 +11,7 @@ import (
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
-// Lock order of NIP-09 deletions (sql/0015): each test pauses one transaction inside a DELETE
+// Lock order of NIP-09 deletions (sql/0002_accept.up.sql): each test pauses one transaction inside a DELETE
 // with a trigger, lets the other run until it waits, releases the first, and checks that no
 // deadlock (40P01) broke the two apart.
 

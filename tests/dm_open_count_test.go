@@ -13,7 +13,7 @@ import (
 )
 
 // A DM open (41010) names 1-8 other participants (PROTOCOL.md): counted as open_dm sees them,
-// distinct and without the author (sql/0021). Raw p tags were counted, so the author's own key or
+// distinct and without the author (sql/0002_accept.up.sql). Raw p tags were counted, so the author's own key or
 // a key named twice on top of 8 others was refused though the DM has 9 participants.
 func TestDMOpenCountsDistinctOthers(t *testing.T) {
 	url := testenv.DB(t)

@@ -16,7 +16,7 @@ import (
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
-// Which member-row changes tell the relays to forget cached member sets (sql/0014), read from a
+// Which member-row changes tell the relays to forget cached member sets (sql/0005_fanout.up.sql), read from a
 // test_decoding slot: an operator's insert, move or delete of member rows, and a truncate, do;
 // opening a DM (its channel is new, nothing can have cached it) and hiding one do not.
 func TestMemberEditsAreAnnounced(t *testing.T) {

@@ -3,9 +3,9 @@ package tests
 // Operators call the SQL API from psql (README, "The SQL API"), with arguments the relay never
 // passes: NULLs, malformed keys, misaligned arrays. Each one is refused with SQLSTATE BZ400 and an
 // `invalid:` message, the project's standard for bad input, before the function changes anything
-// (sql/0022_operator_input_checks.up.sql). Before 0022 these failed with raw PostgreSQL errors
-// (23502, 22023, 2201W, 23514, P0001), answered as if the input were fine ('retry', zeros), or
-// changed state (a NULL hide re-opened the DM, a NULL claim id leased rows to nobody, ...).
+// (the checks at the top of each function in sql/). Without them these fail with raw PostgreSQL
+// errors (23502, 22023, 2201W, 23514, P0001), answer as if the input were fine ('retry', zeros),
+// or change state (a NULL hide re-opens the DM, a NULL claim id leases rows to nobody, ...).
 
 import (
 	"context"
@@ -25,7 +25,7 @@ import (
 	"github.com/buzzpg/buzzpg/listener/visibility"
 )
 
-// opinFixture is what the bad calls aim at: rows each one would have changed before 0022.
+// opinFixture is what the bad calls aim at: rows each one would change without its checks.
 type opinFixture struct {
 	relaySK string
 	v, ch   string // v has DM ch hidden: pending at generation 1

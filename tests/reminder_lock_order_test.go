@@ -1,6 +1,6 @@
 package tests
 
-// The row-lock order of sql/0023: buzz.events rows, then buzz.reminders rows, each by id, taken
+// The row-lock order of sql/0004_reminders.up.sql: buzz.events rows, then buzz.reminders rows, each by id, taken
 // by every writer of several rows before it writes. Each test pauses one transaction while it
 // holds some of its rows (a trigger that waits on an advisory lock a holder session keeps), runs
 // the other until it waits, releases the first, and checks that no deadlock (40P01) broke the two

@@ -300,7 +300,7 @@ func TestReminderClaimOnlyWhenDue(t *testing.T) {
 	}
 }
 
-// Which arms wake the schedulers (sql/0013). Schedulers sleep until the earliest armed reminder,
+// Which arms wake the schedulers (sql/0004_reminders.up.sql, arm_reminder). Schedulers sleep until the earliest armed reminder,
 // so a reminder due after one they already sleep until stays quiet (NOTIFY serialises commits).
 // But an earlier reminder that is due now may be mid-claim: the scheduler would ask for its next
 // wake-up before the new row commits, and sleep MaxSleep with it due. So an arm stays quiet only

@@ -15,7 +15,7 @@ import (
 )
 
 // Prefixes for the buzz SQLSTATEs accept_event raises (sql/0002_accept.up.sql). buzz.accept_events
-// (sql/0028) catches exactly the codes of this map and of sqlstateMessage; a test compares them.
+// (same file) catches exactly the codes of this map and of sqlstateMessage; a test compares them.
 var sqlstatePrefix = map[string]string{
 	"BZ400": "invalid: ",
 	"BZ401": "auth-required: ",

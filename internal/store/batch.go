@@ -17,8 +17,8 @@ import (
 	"github.com/buzzpg/buzzpg/internal/metrics"
 )
 
-// MaxBatch is the most events one buzz.accept_events call takes (sql/0028: one subtransaction
-// each, and PostgreSQL caches 64 subtransaction ids per backend).
+// MaxBatch is the most events one buzz.accept_events call takes (sql/0002_accept.up.sql: one
+// subtransaction each, and PostgreSQL caches 64 subtransaction ids per backend).
 const MaxBatch = 60
 
 // BatchLockWait bounds every lock wait of a call made while holding a batch slot. A call that

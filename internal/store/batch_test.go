@@ -310,7 +310,7 @@ func TestBatcherDropsAnEventWhoseCallerLeft(t *testing.T) {
 	}
 }
 
-// accept_events (sql/0028) turns exactly the SQLSTATEs the relay maps to OK prefixes into rows;
+// accept_events (sql/0002_accept.up.sql) turns exactly the SQLSTATEs the relay maps to OK prefixes into rows;
 // one missing there aborts whole calls, one missing here makes every such call fall back.
 func TestAcceptEventsCatchesTheClientCodes(t *testing.T) {
 	url := testenv.FreshDB(t)

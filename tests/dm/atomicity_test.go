@@ -204,7 +204,7 @@ func TestAcceptEventInsertFailureKeepsTheHide(t *testing.T) {
 	}
 }
 
-// I1 in a batch (buzz.accept_events, sql/0028, what the relay calls when events arrive together):
+// I1 in a batch (buzz.accept_events, sql/0002_accept.up.sql, what the relay calls when events arrive together):
 // each event is a subtransaction, so an event whose visibility consequence fails is rolled back
 // whole, the recipient's hide and generation included, while the other event of the call commits
 // with its own consequence.
