@@ -157,7 +157,7 @@ func (s *Server) checkEvent(ev *nostr.Event, authed []string, now time.Time) str
 		if recipients(ev) > 1 {
 			return "invalid: a gift wrap names one recipient (p tag); send one wrap per recipient"
 		}
-		// The channel's members and the recipient would both have a claim to read it (sql/0027).
+		// The channel's members and the recipient would both have a claim to read it (sql/0002_accept.up.sql).
 		if slices.ContainsFunc(ev.Tags, func(t nostr.Tag) bool { return len(t) >= 2 && t[0] == "h" }) {
 			return "invalid: a gift wrap names no channel (h tag); it is read by its recipient (p tag) only"
 		}
@@ -194,7 +194,7 @@ func deletionTargets(ev *nostr.Event) int {
 // judges a filter by its #p values. With a second recipient the two would disagree: a filter on
 // the second's key, sent by the first, matches a wrap its sender may read, yet is closed. NIP-59
 // wraps once per recipient, so a wrap naming more than one is refused. accept_event refuses it
-// too, in the same words, for psql callers (0024); one without a p tag only accept_event refuses.
+// too, in the same words, for psql callers; one without a p tag only accept_event refuses.
 func recipients(ev *nostr.Event) int {
 	first, n := "", 0
 	for _, t := range ev.Tags {

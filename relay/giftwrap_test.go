@@ -36,7 +36,7 @@ func TestGiftWrapNamesOneRecipient(t *testing.T) {
 	sameIDs(t, "recipient", y.c.req("y", nostr.Filter{Kinds: []int{1059}, Tags: nostr.TagMap{"p": {y.pk}}}), one)
 }
 
-// A gift wrap with an h tag is refused before accept_event runs (sql/0027 refuses it too): the
+// A gift wrap with an h tag is refused before accept_event runs (sql/0002_accept.up.sql refuses it too): the
 // channel's members and the recipient would both have a claim to read it. The connection stays.
 func TestGiftWrapNamesNoChannel(t *testing.T) {
 	tr := startRelay(t, nil)

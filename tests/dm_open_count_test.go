@@ -12,7 +12,7 @@ import (
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
-// A DM open (41010) names 1-8 other participants (PROTOCOL.md): counted as open_dm sees them,
+// A DM open (41010) names 1-8 other participants (docs/protocol.md, Channels and DMs): counted as open_dm sees them,
 // distinct and without the author (sql/0002_accept.up.sql). Raw p tags were counted, so the author's own key or
 // a key named twice on top of 8 others was refused though the DM has 9 participants.
 func TestDMOpenCountsDistinctOthers(t *testing.T) {

@@ -1,6 +1,6 @@
 package tests
 
-// A gift wrap (1059) is served to the one pubkey its p tag names (PROTOCOL.md, read gates). The
+// A gift wrap (1059) is served to the one pubkey its p tag names (docs/protocol.md, Read gates). The
 // relay refuses a wrap naming two different keys before it calls accept_event; before 0024 an
 // operator's `SELECT buzz.accept_event(...)` stored one, readable by its first recipient only.
 // accept_event now gives the relay's answer for every p-tag shape, from psql as over the wire.

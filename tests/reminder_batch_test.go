@@ -48,7 +48,7 @@ func remMustClaimBatch(t testing.TB, pool *pgxpool.Pool, max int, lease time.Dur
 // Guard: FOR UPDATE SKIP LOCKED in both CTEs of claim_due_reminders (expired leases and armed
 // rows). Without the row locks a second scheduler re-claims rows the first one holds (two stamps
 // for one row, the due signal sent twice); without SKIP LOCKED it queues behind the first one
-// instead of taking the rest (DESIGN.md data flow 3), and only the re-check of the locked rows'
+// instead of taking the rest (docs/design.md, Data flow, step 3), and only the re-check of the locked rows'
 // state keeps the sets disjoint.
 //
 // Interleaving: claimer 1 locks its rows, then pauses inside its UPDATE (a BEFORE UPDATE trigger

@@ -13,7 +13,7 @@ import (
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
-// PROTOCOL.md NIP-ER errors, through buzz.accept_event. Each rejected version changes nothing:
+// docs/protocol.md, NIP-ER, errors, through buzz.accept_event. Each rejected version changes nothing:
 // no stored event, no reminder row, and the armed older version of the same address stays armed.
 func TestReminderValidationMatrix(t *testing.T) {
 	pool := testenv.Pool(t, testenv.DB(t))

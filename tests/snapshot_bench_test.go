@@ -31,7 +31,7 @@ func BenchmarkSnapshotServeConvergence(b *testing.B) {
 	// Each round hides every viewer's DM, then resurfaces it (one message per viewer). Every
 	// snapshot of a viewer needs a created_at one second above the last (NIP-01 replacement), and
 	// the publisher runs at most snapshot_max_ahead_seconds (10) ahead of the clock: a viewer
-	// changed more than once a second for long uses that up and then waits (DESIGN.md). With
+	// changed more than once a second for long uses that up and then waits (docs/design.md, Decisions). With
 	// 500 viewers at 500/s a round spends two of a viewer's seconds in about 1.5 s, so more than
 	// ~10 rounds measure that wait, not convergence: longer runs need more viewers
 	// (BUZZ_BENCH_VIEWERS=2000 BUZZ_BENCH_ROUNDS=15 is a minute at 500/s).
