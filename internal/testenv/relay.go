@@ -69,7 +69,7 @@ func NewKey() (sk, pk string) {
 type RelayOpts struct {
 	// DatabaseURL is the database; a relay on a migrated one runs as RelayLogin (see relayURL).
 	DatabaseURL string
-	AsOwner     bool // run as DatabaseURL's own role even when the schema is current
+	AsOwner     bool   // run as DatabaseURL's own role even when the schema is current
 	RelayKey    string // hex secret key; shared by all processes of a deployment
 	InstanceID  string // default: random
 	Env         map[string]string
