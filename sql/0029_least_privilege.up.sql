@@ -129,8 +129,8 @@ GRANT EXECUTE ON FUNCTION
 -- Logical messages: the fan-out delivers what arrives under prefix 'buzz', so only the relay
 -- role and the owners of the functions that emit them may write one. pg_logical_emit_message
 -- belongs to the bootstrap superuser: a migrating role that is not a superuser cannot change its
--- grants (nor can rds_superuser on a managed service), so the change is made only when it can,
--- and a NOTICE says when it was not.
+-- grants (nor can rds_superuser on a managed service; REVOKE and GRANT would only warn), so the
+-- change is made only when it can, and a NOTICE says when it was not.
 
 DO $$
 DECLARE

@@ -244,3 +244,37 @@ func TestLogicalMessagesNeedTheRelayRole(t *testing.T) {
 		}
 	}
 }
+
+// Migrations run by an owner that is not a superuser (as on a managed service) complete: the
+// grants of pg_logical_emit_message, which only its owner may change, are left as they were
+// (PUBLIC keeps it), and the relay role's entry points, which run as that owner, work.
+func TestMigrationsByAnOwnerThatIsNotSuperuser(t *testing.T) {
+	dbURL := testenv.EmptyDB(t)
+	admin := testenv.Pool(t, dbURL)
+	ctx := context.Background()
+	owner := loginRole(t, admin, "lp_owner_", "")
+	for _, q := range []string{
+		`GRANT CREATE ON DATABASE ` + pgx.Identifier{testenv.DatabaseName(dbURL)}.Sanitize() + ` TO ` + owner,
+		`GRANT CREATE ON SCHEMA public TO ` + owner,
+	} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := db.MigrateUp(testenv.AsRole(t, dbURL, owner), nil); err != nil {
+		t.Fatalf("migrate up as %s: %v", owner, err)
+	}
+	if public := testenv.MustScalar[bool](t, admin, `SELECT bool_and(EXISTS (
+		SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a WHERE a.grantee = 0))
+		FROM pg_proc p WHERE p.proname = 'pg_logical_emit_message'`); !public {
+		t.Error("a migrating role that is not a superuser changed pg_logical_emit_message's grants")
+	}
+	u := testenv.NewUser()
+	raw, _ := json.Marshal(u.Event(t, 1, nil, "hello"))
+	if err := asRole(t, admin, "buzz_relay", true, `SELECT * FROM buzz.accept_event($1::jsonb)`, string(raw)); err != nil {
+		t.Fatalf("accept_event as buzz_relay, owned by %s: %v", owner, err)
+	}
+	if n := testenv.MustInt(t, admin, `SELECT count(*) FROM buzz.events WHERE pubkey = $1`, u.PK); n != 1 {
+		t.Fatalf("%d events stored", n)
+	}
+}
