@@ -1,6 +1,8 @@
 # buzzpg: `make run` serves a relay on ws://127.0.0.1:7777 (metrics on 127.0.0.1:7778); `make test` runs every test.
-# Both start (or reuse) a private PostgreSQL cluster under .data/pg with wal_level=logical.
-# DATABASE_URL points them at an existing server instead.
+# Both start (or reuse) a private PostgreSQL cluster under .data/pg with wal_level=logical, where
+# the superuser owns the schema and runs migrations and relays run as the login role
+# buzz_relay_login (a member of buzz_relay with REPLICATION), as in a deployment.
+# DATABASE_URL points them at an existing server instead (make run then serves as its role).
 
 SHELL := /bin/bash
 GO ?= go
@@ -14,6 +16,7 @@ TEST_BIN := bin/buzzpg-test
 LISTEN ?= 127.0.0.1:7777
 PRIVATE_URL = $(shell scripts/pg.sh url)
 DB_URL = $(if $(DATABASE_URL),$(DATABASE_URL),$(PRIVATE_URL))
+RUN_URL = $(if $(DATABASE_URL),$(DATABASE_URL),$(shell scripts/pg.sh relay-url))
 TEST_TIMEOUT ?= 14m
 # A count, not a duration: Go 1.26's fuzz coordinator can report a spurious "context deadline
 # exceeded" when a -fuzztime duration expires under CPU contention (go.dev/issue/75804, fixed in
@@ -44,11 +47,15 @@ psql: db-start
 	@mkdir -p .data
 	$(BIN) keygen --out .data/relay.key
 
+# On the private cluster the owner migrates first: the relay's role may not.
 run: db-start build .data/relay.key
-	DATABASE_URL="$(DB_URL)" BUZZ_LISTEN="$${BUZZ_LISTEN:-$(LISTEN)}" BUZZ_METRICS_LISTEN="$${BUZZ_METRICS_LISTEN-127.0.0.1:7778}" \
+	$(if $(DATABASE_URL),,DATABASE_URL="$(PRIVATE_URL)" $(BIN) migrate up && scripts/pg.sh relay-role)
+	DATABASE_URL="$(RUN_URL)" BUZZ_LISTEN="$${BUZZ_LISTEN:-$(LISTEN)}" BUZZ_METRICS_LISTEN="$${BUZZ_METRICS_LISTEN-127.0.0.1:7778}" \
+	  BUZZ_AUTO_MIGRATE="$${BUZZ_AUTO_MIGRATE:-$(if $(DATABASE_URL),true,false)}" \
 	  BUZZ_RELAY_KEY_FILE="$${BUZZ_RELAY_KEY_FILE:-.data/relay.key}" $(BIN) serve
 
-# Tests create their own databases (cloned from a migrated template) on the same server.
+# Tests create their own databases (cloned from a migrated template) on the same server, and start
+# relays as buzz_relay_login (internal/testenv).
 test: db-start $(TEST_BIN)
 	@scripts/pg.sh dropdbs >/dev/null 2>&1 || true
 	BUZZ_BIN=$(CURDIR)/$(TEST_BIN) BUZZ_BUILD_TAGS='$(TEST_TAGS)' $(if $(DATABASE_URL),,BUZZ_OWNS_SERVER=1) \

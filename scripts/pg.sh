@@ -2,7 +2,9 @@
 # Private PostgreSQL cluster for buzzpg development and tests.
 #   scripts/pg.sh start   init (once) and start the cluster, create the database; prints nothing on success
 #   scripts/pg.sh stop    stop it
-#   scripts/pg.sh url     print the DATABASE_URL of the private cluster
+#   scripts/pg.sh url     print the DATABASE_URL of the private cluster (the superuser, who owns the schema)
+#   scripts/pg.sh relay-role  create the relay's login role (after migrations made buzz_relay)
+#   scripts/pg.sh relay-url   print the URL `make run` serves with: that login role's
 #   scripts/pg.sh restart immediate restart (used by crash tests)
 # The cluster lives under .data/pg (or, when the checkout is not reachable by the postgres OS user,
 # under /var/tmp/buzzpg-<hash>, linked from .data/pg). It listens on 127.0.0.1 only, trust auth.
@@ -62,6 +64,19 @@ datadir() {
 
 url() { echo "postgres://postgres@127.0.0.1:$PORT/$DB?sslmode=disable"; }
 
+# The relay runs as a deployment runs it: a login member of buzz_relay with REPLICATION (for its
+# slot and stream), not a superuser. internal/testenv makes the same role for tests.
+RELAY_LOGIN=buzz_relay_login
+relay_url() { echo "postgres://$RELAY_LOGIN@127.0.0.1:$PORT/$DB?sslmode=disable"; }
+
+relay_role() {
+  local bin; bin=$(find_bindir)
+  as_pg "$bin/psql" -h 127.0.0.1 -p "$PORT" -U postgres -d postgres -qtAX -v ON_ERROR_STOP=1 -c "DO \$\$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '$RELAY_LOGIN') THEN
+      CREATE ROLE $RELAY_LOGIN LOGIN REPLICATION IN ROLE buzz_relay;
+    END IF; END \$\$"
+}
+
 start() {
   ensure_binaries
   local bin dir; bin=$(find_bindir); dir=$(datadir)
@@ -118,9 +133,11 @@ case "${1:-}" in
   start) start ;;
   stop) stop ;;
   url) url ;;
+  relay-url) relay_url ;;
+  relay-role) relay_role ;;
   restart) restart_immediate ;;
   datadir) datadir ;;
   dropdbs) dropdbs ;;
   bindir) find_bindir ;;
-  *) echo "usage: $0 start|stop|restart|url|datadir|bindir|dropdbs" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|restart|url|relay-url|relay-role|datadir|bindir|dropdbs" >&2; exit 2 ;;
 esac

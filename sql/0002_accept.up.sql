@@ -671,6 +671,7 @@ COMMENT ON FUNCTION buzz.accept_dm_command(buzz.events) IS
 
 CREATE FUNCTION buzz.accept_event(ev jsonb, OUT ok boolean, OUT message text)
 LANGUAGE plpgsql
+SECURITY DEFINER
 SET search_path = pg_catalog, buzz, pg_temp
 AS $$
 DECLARE
@@ -741,6 +742,7 @@ COMMENT ON FUNCTION buzz.accept_event(jsonb) IS
 CREATE FUNCTION buzz.accept_events(evs jsonb, lock_wait_ms integer DEFAULT 0)
 RETURNS TABLE (ok boolean, message text, code text)
 LANGUAGE plpgsql
+SECURITY DEFINER
 SET search_path = pg_catalog, buzz, pg_temp
 AS $$
 DECLARE

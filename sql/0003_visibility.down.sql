@@ -1,3 +1,5 @@
+DROP FUNCTION buzz.retry_visibility(text);
+DROP FUNCTION buzz.reset_visibility(text);
 DROP FUNCTION buzz.visibility_lag_detail(integer);
 DROP FUNCTION buzz.visibility_lag();
 DROP FUNCTION buzz.sweep_visibility();

@@ -369,6 +369,7 @@ COMMENT ON FUNCTION buzz.set_dm_hidden(text, uuid, boolean) IS
 
 CREATE FUNCTION buzz.hide_dm(viewer text, channel uuid) RETURNS boolean
 LANGUAGE sql
+SECURITY DEFINER
 SET search_path = pg_catalog, buzz, pg_temp
 AS $$ SELECT buzz.set_dm_hidden(viewer, channel, true) $$;
 COMMENT ON FUNCTION buzz.hide_dm(text, uuid) IS
@@ -376,6 +377,7 @@ COMMENT ON FUNCTION buzz.hide_dm(text, uuid) IS
 
 CREATE FUNCTION buzz.unhide_dm(viewer text, channel uuid) RETURNS boolean
 LANGUAGE sql
+SECURITY DEFINER
 SET search_path = pg_catalog, buzz, pg_temp
 AS $$ SELECT buzz.set_dm_hidden(viewer, channel, false) $$;
 COMMENT ON FUNCTION buzz.unhide_dm(text, uuid) IS
@@ -459,6 +461,7 @@ COMMENT ON FUNCTION buzz.check_snapshot(text, bigint, jsonb, text) IS
 CREATE FUNCTION buzz.publish_visibility_snapshot(viewer text, generation bigint, ev jsonb)
 RETURNS text
 LANGUAGE plpgsql
+SECURITY DEFINER
 SET search_path = pg_catalog, buzz, pg_temp
 AS $$
 DECLARE
@@ -529,6 +532,7 @@ COMMENT ON FUNCTION buzz.publish_visibility_snapshot(text, bigint, jsonb) IS
 CREATE FUNCTION buzz.publish_visibility_snapshots(viewers text[], generations bigint[], evs jsonb[])
 RETURNS TABLE (viewer text, outcome text)
 LANGUAGE plpgsql
+SECURITY DEFINER
 SET search_path = pg_catalog, buzz, pg_temp
 AS $$
 DECLARE
@@ -567,6 +571,7 @@ COMMENT ON FUNCTION buzz.publish_visibility_snapshots(text[], bigint[], jsonb[])
 CREATE FUNCTION buzz.claim_visibility_work(p_claim uuid, p_max integer, p_lease interval)
 RETURNS TABLE (viewer text, generation bigint, attempts integer, pending_seconds double precision)
 LANGUAGE plpgsql
+SECURITY DEFINER
 SET search_path = pg_catalog, buzz, pg_temp
 AS $$
 BEGIN
@@ -615,6 +620,7 @@ CREATE FUNCTION buzz.release_visibility_claim(p_viewer text, p_claim uuid, p_err
                                                          p_base interval, p_cap interval)
 RETURNS boolean
 LANGUAGE plpgsql
+SECURITY DEFINER
 SET search_path = pg_catalog, buzz, pg_temp
 AS $$
 DECLARE
@@ -643,6 +649,7 @@ COMMENT ON FUNCTION buzz.release_visibility_claim(text, uuid, text, interval, in
 CREATE FUNCTION buzz.release_visibility_claims(p_claims uuid[])
 RETURNS integer
 LANGUAGE sql
+SECURITY DEFINER
 SET search_path = pg_catalog, buzz, pg_temp
 AS $$
   WITH r AS (
@@ -660,6 +667,7 @@ COMMENT ON FUNCTION buzz.release_visibility_claims(uuid[]) IS
 CREATE FUNCTION buzz.sweep_visibility()
 RETURNS integer
 LANGUAGE sql
+SECURITY DEFINER
 SET search_path = pg_catalog, buzz, pg_temp
 AS $$
   WITH ins AS (
@@ -746,3 +754,38 @@ REVOKE ALL ON FUNCTION buzz.claim_visibility_work(uuid, integer, interval) FROM 
 REVOKE ALL ON FUNCTION buzz.release_visibility_claim(text, uuid, text, interval, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION buzz.release_visibility_claims(uuid[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION buzz.sweep_visibility() FROM PUBLIC;
+
+-- Operator entry points that write: they run as the owner, so buzz_operator needs no DML.
+
+CREATE FUNCTION buzz.reset_visibility(p_viewer text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, buzz, pg_temp AS $$
+BEGIN
+  IF NOT buzz.is_hex64(p_viewer) THEN
+    PERFORM buzz.reject('BZ400', 'invalid: p_viewer must be 64 lowercase hex characters');
+  END IF;
+  -- The triggers retire the generations used so far and keep an unpublished change pending.
+  DELETE FROM buzz.visibility_state s WHERE s.viewer = p_viewer;
+  RETURN FOUND;
+END $$;
+COMMENT ON FUNCTION buzz.reset_visibility(text) IS
+  'Operator reset of one viewer''s visibility state: deletes its state row (its generations are retired, never reused; an unpublished change stays pending). Returns true when a row was deleted. BZ400 (invalid:) when p_viewer is not 64 lowercase hex characters.';
+
+CREATE FUNCTION buzz.retry_visibility(p_viewer text DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, buzz, pg_temp AS $$
+DECLARE
+  n integer;
+BEGIN
+  IF p_viewer IS NOT NULL AND NOT buzz.is_hex64(p_viewer) THEN
+    PERFORM buzz.reject('BZ400', 'invalid: p_viewer must be 64 lowercase hex characters, or NULL for every row');
+  END IF;
+  -- Rows locked by viewer, the order of every other writer of several outbox rows.
+  UPDATE buzz.visibility_outbox o SET available_at = now()
+    FROM (SELECT x.viewer FROM buzz.visibility_outbox x
+           WHERE (p_viewer IS NULL OR x.viewer = p_viewer) AND x.available_at > now()
+           ORDER BY x.viewer FOR UPDATE) l
+   WHERE o.viewer = l.viewer;
+  GET DIAGNOSTICS n = ROW_COUNT;
+  RETURN n;
+END $$;
+COMMENT ON FUNCTION buzz.retry_visibility(text) IS
+  'Operator retry: makes p_viewer''s outbox row in backoff due now (NULL: every row in backoff); its attempts count stays. Returns the rows made due. BZ400 (invalid:) when p_viewer is neither NULL nor 64 lowercase hex characters.';

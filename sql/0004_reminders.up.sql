@@ -101,6 +101,7 @@ CREATE FUNCTION buzz.claim_due_reminders(p_max integer, p_lease interval, p_with
 RETURNS TABLE (id text, pubkey text, created_at bigint, not_before bigint, stamp bigint,
                recovered boolean, ev jsonb)
 LANGUAGE plpgsql
+SECURITY DEFINER
 SET search_path = pg_catalog, buzz, pg_temp
 AS $$
 DECLARE
@@ -191,6 +192,7 @@ COMMENT ON FUNCTION buzz.claim_due_reminder(text, bigint, interval) IS
 CREATE FUNCTION buzz.confirm_reminder_claims(p_ids text[], p_stamps bigint[])
 RETURNS SETOF text
 LANGUAGE plpgsql
+SECURITY DEFINER
 SET search_path = pg_catalog, buzz, pg_temp
 AS $$
 DECLARE
@@ -286,6 +288,7 @@ COMMENT ON FUNCTION buzz.confirm_reminder_claim(text, bigint, bigint) IS
 CREATE FUNCTION buzz.rollback_reminder_claims(p_ids text[], p_stamps bigint[])
 RETURNS SETOF text
 LANGUAGE plpgsql
+SECURITY DEFINER
 SET search_path = pg_catalog, buzz, pg_temp
 AS $$
 DECLARE

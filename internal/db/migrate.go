@@ -95,6 +95,11 @@ func MigrateUp(databaseURL string, log *slog.Logger) error {
 		if errors.As(err, &dirty) {
 			return fmt.Errorf("migrations: %s", DirtyAdvice(int(dirty.Version)))
 		}
+		// golang-migrate's errors do not unwrap to the PostgreSQL error. A relay's role (buzz_relay)
+		// may read the version but not write it: it was refused before any migration ran.
+		if strings.Contains(err.Error(), "SQLSTATE 42501") {
+			return fmt.Errorf("migrations: this role may not migrate (%w): run `buzzpg migrate up` as the schema's owner, and start relays with BUZZ_AUTO_MIGRATE=false", err)
+		}
 		return fmt.Errorf("migrations: %w", err)
 	}
 	return nil

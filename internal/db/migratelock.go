@@ -2,6 +2,7 @@ package db
 
 import (
 	"context"
+	"slices"
 	"strconv"
 
 	"github.com/golang-migrate/migrate/v4/database"
@@ -18,11 +19,12 @@ type Querier interface {
 // driver's "database name" is the path of the URL it was given ("/buzzpg") or, for a URL without
 // one, current_database() ("buzzpg"). Both are candidates: the operator's `buzzpg migrate up`
 // need not use the same URL shape as this process. The schema is current_schema() of the
-// migrating connection; the same role and URL give the same one, and "public" covers a role
-// whose search_path differs.
-func migrationLockIDs(dbname, schema string) []int64 {
+// migrating connection: the schema that holds the table (golang-migrate creates it there before it
+// locks), and "public" for a database that has none yet. Our own pools' search_path (SearchPath)
+// is not the migrating role's, so current_schema() would not say.
+func migrationLockIDs(dbname string, schemas []string) []int64 {
 	var ids []int64
-	for _, s := range uniq(schema, "public") {
+	for _, s := range uniq(append(schemas, "public")) {
 		for _, d := range []string{"/" + dbname, dbname} {
 			id, err := database.GenerateAdvisoryLockId(d, s, MigrationsTable)
 			if err != nil {
@@ -36,11 +38,14 @@ func migrationLockIDs(dbname, schema string) []int64 {
 	return ids
 }
 
-func uniq(a, b string) []string {
-	if a == b || a == "" {
-		return []string{b}
+func uniq(in []string) []string {
+	var out []string
+	for _, s := range in {
+		if s != "" && !slices.Contains(out, s) {
+			out = append(out, s)
+		}
 	}
-	return []string{a, b}
+	return out
 }
 
 // MigrationRunning reports whether some session holds golang-migrate's advisory lock on this
@@ -49,8 +54,12 @@ func uniq(a, b string) []string {
 // with the lock held is a migration in progress, and without it a migration that failed.
 // pg_locks is read, never the lock taken: a probe must not queue behind, or in front of, a migrator.
 func MigrationRunning(ctx context.Context, q Querier) (bool, error) {
-	var dbname, schema string
-	if err := q.QueryRow(ctx, `SELECT current_database(), coalesce(current_schema(), '')`).Scan(&dbname, &schema); err != nil {
+	var dbname string
+	var schemas []string
+	if err := q.QueryRow(ctx, `SELECT current_database(), coalesce(array_agg(n.nspname::text), '{}')
+		  FROM (SELECT 1) one
+		  LEFT JOIN pg_class c ON c.relname = $1 AND c.relkind IN ('r', 'p')
+		  LEFT JOIN pg_namespace n ON n.oid = c.relnamespace`, MigrationsTable).Scan(&dbname, &schemas); err != nil {
 		return false, err
 	}
 	var held bool
@@ -60,6 +69,6 @@ func MigrationRunning(ctx context.Context, q Querier) (bool, error) {
 		                WHERE locktype = 'advisory' AND granted AND objsubid = 1
 		                  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 		                  AND (classid::int8 << 32 | objid::int8) = ANY($1::int8[]))`,
-		migrationLockIDs(dbname, schema)).Scan(&held)
+		migrationLockIDs(dbname, schemas)).Scan(&held)
 	return held, err
 }

@@ -20,7 +20,13 @@ import (
 // PoolOption adjusts a pool's configuration before it opens (see store.WarmAccept).
 type PoolOption func(*pgxpool.Config)
 
-// NewPool opens a pool whose connections carry appName (e.g. "buzzpg-accept:<instance>").
+// SearchPath is every pool connection's search_path: buzzpg's SQL names the schema buzz, and
+// nothing a role may create in another schema (public, before PostgreSQL 15) can shadow a
+// function or operator it calls. It overrides one set on the role or in the URL.
+const SearchPath = "pg_catalog, buzz, pg_temp"
+
+// NewPool opens a pool whose connections carry appName (e.g. "buzzpg-accept:<instance>") and
+// SearchPath.
 func NewPool(ctx context.Context, url, appName string, maxConns int32, opts ...PoolOption) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -29,6 +35,7 @@ func NewPool(ctx context.Context, url, appName string, maxConns int32, opts ...P
 	if appName != "" {
 		cfg.ConnConfig.RuntimeParams["application_name"] = appName
 	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = SearchPath
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}

@@ -67,7 +67,9 @@ func NewKey() (sk, pk string) {
 
 // RelayOpts configures a `buzzpg serve` process.
 type RelayOpts struct {
+	// DatabaseURL is the database; a relay on a migrated one runs as RelayLogin (see relayURL).
 	DatabaseURL string
+	AsOwner     bool   // run as DatabaseURL's own role even when the schema is current
 	RelayKey    string // hex secret key; shared by all processes of a deployment
 	InstanceID  string // default: random
 	Env         map[string]string
@@ -101,6 +103,7 @@ func StartRelays(t testing.TB, opts ...RelayOpts) []*Relay {
 		if o.DatabaseURL == "" {
 			o.DatabaseURL = DB(t)
 		}
+		o.DatabaseURL = relayURL(t, o.DatabaseURL, o.AsOwner)
 		if o.RelayKey == "" {
 			o.RelayKey, _ = NewKey()
 		}

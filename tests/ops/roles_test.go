@@ -16,10 +16,10 @@ import (
 )
 
 // A relay whose login role is only a member of buzz_relay (plus REPLICATION) runs every path:
-// acceptance, DM commands, snapshots, reminders, deletions, queries and the replication stream.
-// An operator role that is only a member of buzz_operator posts with `buzzpg send` and uses the
-// psql tour. Before 0012 the roles could EXECUTE the functions but not touch their tables
-// (functions run with the caller's rights): serve failed at the schema check.
+// acceptance, DM commands, snapshots, reminders, deletions, queries and the replication stream,
+// and posts with `buzzpg send`. An operator role that is only a member of buzz_operator uses the
+// psql tour, and may not send (that is signing as the relay). Every test relay runs as such a
+// role (testenv.RelayLogin); this one makes its own, with nothing but the memberships.
 func TestRelayAndOperatorRunWithTheirRolesOnly(t *testing.T) {
 	dbURL := testenv.FreshDB(t)
 	admin := testenv.Pool(t, dbURL)
@@ -96,12 +96,19 @@ func TestRelayAndOperatorRunWithTheirRolesOnly(t *testing.T) {
 		t.Fatalf("the deleted note is still served (%d)", len(got))
 	}
 
-	// The operator: `buzzpg send`, then the psql tour.
-	out, code := runBinary(t, []string{"DATABASE_URL=" + as(opRole), "BUZZ_RELAY_KEY=" + relayKey},
+	// `buzzpg send` signs with the relay key: the relay's role, not the operator's.
+	out, code := runBinary(t, []string{"DATABASE_URL=" + as(relayRole), "BUZZ_RELAY_KEY=" + relayKey},
 		"send", "--channel", ch, "--as", a.PK, "deploy finished")
 	if code != 0 {
-		t.Fatalf("send as %s: exit %d: %s", opRole, code, out)
+		t.Fatalf("send as %s: exit %d: %s", relayRole, code, out)
 	}
+	out, code = runBinary(t, []string{"DATABASE_URL=" + as(opRole), "BUZZ_RELAY_KEY=" + relayKey},
+		"send", "--channel", ch, "--as", a.PK, "deploy finished")
+	if code == 0 || !strings.Contains(out, "permission denied for function accept_event") {
+		t.Fatalf("send as %s: exit %d: %s, want permission denied for accept_event", opRole, code, out)
+	}
+
+	// The operator's psql tour.
 	op, err := pgxpool.New(ctx, as(opRole))
 	if err != nil {
 		t.Fatal(err)
@@ -109,12 +116,14 @@ func TestRelayAndOperatorRunWithTheirRolesOnly(t *testing.T) {
 	defer op.Close()
 	for _, q := range []string{
 		`SELECT count(*) FROM buzz.visibility_lag()`,
+		`SELECT count(*) FROM buzz.visibility_lag_detail()`,
 		`SELECT count(*) FROM buzz.reminder_status()`,
 		`SELECT count(*) FROM buzz.fanout_status()`,
+		`SELECT count(*) FROM buzz.events WHERE kind = 30622 AND d_tag = '` + b.PK + `'`,
 		`SELECT count(*) FROM (SELECT buzz.hide_dm('` + a.PK + `', '` + ch + `'::uuid)) s`,
 		`SELECT count(*) FROM (SELECT buzz.unhide_dm('` + a.PK + `', '` + ch + `'::uuid)) s`,
-		`WITH u AS (UPDATE buzz.members SET hidden_at = now() WHERE channel_id = '` + ch + `' AND pubkey = '` + b.PK + `' RETURNING 1) SELECT count(*) FROM u`,
-		`WITH u AS (UPDATE buzz.visibility_outbox SET available_at = now() RETURNING 1) SELECT count(*) FROM u`,
+		`SELECT count(*) FROM (SELECT buzz.retry_visibility()) s`,
+		`SELECT count(*) FROM (SELECT buzz.reset_visibility('` + b.PK + `')) s`,
 	} {
 		var n int
 		if err := op.QueryRow(ctx, q).Scan(&n); err != nil {
