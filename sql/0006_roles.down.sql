@@ -16,4 +16,5 @@ REVOKE ALL ON ALL TABLES IN SCHEMA buzz FROM buzz_relay, buzz_operator;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA buzz FROM buzz_relay, buzz_operator;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA buzz FROM buzz_relay, buzz_operator;
 DROP VIEW buzz.buzz_schema_migrations;
+REVOKE SELECT ON buzz_schema_migrations FROM buzz_relay, buzz_operator;
 REVOKE USAGE ON SCHEMA buzz FROM buzz_relay, buzz_operator;

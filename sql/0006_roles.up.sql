@@ -24,6 +24,8 @@ END $$;
 CREATE VIEW buzz.buzz_schema_migrations AS SELECT version, dirty FROM buzz_schema_migrations;
 COMMENT ON VIEW buzz.buzz_schema_migrations IS
   'golang-migrate''s version row (version, dirty), readable on the search_path pg_catalog, buzz.';
+-- golang-migrate itself (serve's migration check) reads the table where it is.
+GRANT SELECT ON buzz_schema_migrations TO buzz_relay, buzz_operator;
 
 -- Nothing in schema buzz is granted except what follows.
 REVOKE ALL ON ALL TABLES IN SCHEMA buzz FROM PUBLIC, buzz_relay, buzz_operator;
