@@ -26,6 +26,7 @@ import (
 	fanoutpkg "github.com/buzzpg/buzzpg/listener/fanout"
 	"github.com/buzzpg/buzzpg/listener/reminders"
 	"github.com/buzzpg/buzzpg/listener/visibility"
+	"github.com/buzzpg/buzzpg/listener/upkeep"
 	"github.com/buzzpg/buzzpg/relay"
 )
 
@@ -308,6 +309,8 @@ func serve(cfg serveConfig, log *slog.Logger) (err error) {
 	}
 	runComp("publisher", publisher.Run)
 	runComp("reminders", scheduler.Run)
+	runComp("upkeep", upkeep.New(upkeep.Config{DatabaseURL: cfg.DatabaseURL, InstanceID: cfg.InstanceID, Interval: cfg.UpkeepInterval,
+		Batch: cfg.UpkeepBatch, Grace: cfg.UpkeepGrace, ReminderKeep: cfg.UpkeepReminderKeep, Logger: log}).Run)
 	go func() {
 		if err := httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			failed <- fmt.Errorf("http: %w", err)

@@ -1,0 +1,16 @@
+DROP FUNCTION IF EXISTS buzz.upkeep_status();
+DROP FUNCTION IF EXISTS buzz.upkeep_finish(text, bigint);
+DROP FUNCTION IF EXISTS buzz.upkeep_purge(text, integer);
+DROP FUNCTION IF EXISTS buzz.upkeep_candidates(text, bigint);
+DROP FUNCTION IF EXISTS buzz.upkeep_retention_candidates(text, bigint);
+DROP FUNCTION IF EXISTS buzz.upkeep_reminder_candidates(bigint);
+DROP FUNCTION IF EXISTS buzz.upkeep_expired_candidates(bigint);
+DROP FUNCTION IF EXISTS buzz.upkeep_keeps(text, integer, text, bigint);
+DROP FUNCTION IF EXISTS buzz.upkeep_setting(text);
+DROP FUNCTION IF EXISTS buzz.upkeep_try_lock();
+DROP FUNCTION IF EXISTS buzz.upkeep_holds_lock();
+DROP FUNCTION IF EXISTS buzz.upkeep_lock_key();
+DROP INDEX IF EXISTS buzz.reminders_settled_idx;
+DROP TABLE IF EXISTS buzz.upkeep_log;
+DROP TABLE IF EXISTS buzz.retention;
+DELETE FROM buzz.config WHERE key IN ('upkeep_grace_seconds', 'upkeep_reminder_keep_seconds');
