@@ -74,3 +74,40 @@ func TestUpkeepOneProcessAtATime(t *testing.T) {
 	a.Close() // the lock dies with the connection
 	mustLead(t, b)
 }
+
+// A purge never waits for the hot path: an event whose event:<id> advisory lock (as accept_event
+// and apply_deletion take it) or whose row lock is held elsewhere is skipped, not waited for, and
+// the next pass removes it. The deadline only turns a wait into a failure.
+func TestUpkeepSkipsBusyEvents(t *testing.T) {
+	url, pool, u := setup(t)
+	now := time.Now().Unix()
+	for _, how := range []string{
+		`SELECT pg_advisory_xact_lock(hashtextextended('event:' || $1, 0))`,
+		`SELECT 1 FROM buzz.events WHERE id = $1 FOR UPDATE`,
+	} {
+		id := insert(t, pool, row{kind: 1, created: now - 1000, expires: ptr(now - 1000)})
+		free := insert(t, pool, row{kind: 1, created: now - 1000, expires: ptr(now - 1000)})
+		holder := testenv.NewSession(t, url, "upkeep-busy")
+		holder.Begin()
+		if _, err := holder.Tx.Exec(context.Background(), how, id); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		leader, err := u.RunOnce(ctx)
+		cancel()
+		if err != nil || !leader {
+			t.Fatalf("%s: pass with a busy event: leader=%v err=%v, want a pass that skips it", how, leader, err)
+		}
+		if !stored(t, pool, id) || stored(t, pool, free) {
+			t.Fatalf("%s: busy event stored=%v, free event stored=%v; want true, false", how, stored(t, pool, id), stored(t, pool, free))
+		}
+		if w := testenv.MustInt(t, pool, `SELECT waiting::int FROM buzz.upkeep_status() WHERE rule = 'expired'`); w != 1 {
+			t.Errorf("%s: upkeep_status waiting %d, want 1 (the busy event)", how, w)
+		}
+		holder.Rollback()
+		mustLead(t, u)
+		if stored(t, pool, id) {
+			t.Fatalf("%s: the event was not purged once free", how)
+		}
+	}
+}
