@@ -95,17 +95,22 @@ func accept(t *testing.T, q *pgxpool.Pool, ev *nostr.Event) (bool, string) {
 }
 
 // A kind-30622 age rule removes superseded snapshots but never a viewer's current head: the one
-// visibility_state names, nor the newest of a viewer across relay keys.
+// visibility_state names (even when another relay key's snapshot is newer, as after a rotation
+// between processes whose clocks differ), nor the newest of a viewer across relay keys.
 func TestUpkeepKeeps30622Head(t *testing.T) {
 	_, pool, u := setup(t)
 	now := time.Now().Unix()
-	v, w := hex64(), hex64()
+	v, w, x := hex64(), hex64(), hex64()
 	oldKey := insert(t, pool, row{kind: 30622, created: now - 2000, d: &v})
 	head := insert(t, pool, row{kind: 30622, created: now - 1000, d: &v})
 	onlyW := insert(t, pool, row{kind: 30622, created: now - 1000, d: &w})
-	if _, err := pool.Exec(context.Background(), `INSERT INTO buzz.visibility_state (viewer, target_generation, published_generation, published_event)
-		VALUES ($1, 1, 1, $2)`, v, head); err != nil {
-		t.Fatal(err)
+	headX := insert(t, pool, row{kind: 30622, created: now - 1000, d: &x})
+	newerX := insert(t, pool, row{kind: 30622, created: now - 500, d: &x})
+	for viewer, ev := range map[string]string{v: head, x: headX} {
+		if _, err := pool.Exec(context.Background(), `INSERT INTO buzz.visibility_state (viewer, target_generation, published_generation, published_event)
+			VALUES ($1, 1, 1, $2)`, viewer, ev); err != nil {
+			t.Fatal(err)
+		}
 	}
 	rule(t, pool, `INSERT INTO buzz.retention (name, kinds, max_age) VALUES ('snapshots', '{30622}', '1 minute')`)
 
@@ -118,6 +123,10 @@ func TestUpkeepKeeps30622Head(t *testing.T) {
 	}
 	if !stored(t, pool, onlyW) {
 		t.Error("the newest 30622 of a viewer without visibility_state was purged")
+	}
+	if !stored(t, pool, headX) || !stored(t, pool, newerX) {
+		t.Errorf("viewer with a newer snapshot than its published head: head stored=%v, newer stored=%v; want both",
+			stored(t, pool, headX), stored(t, pool, newerX))
 	}
 }
 
@@ -168,12 +177,17 @@ func TestUpkeepRemindersSettledOnly(t *testing.T) {
 	armed := add("armed", "r1", nil, &old, nil)
 	claimed := add("claimed", "r2", &old, nil, ptr(time.Now().Add(time.Minute)))
 	cancelled := add("cancelled", "r3", nil, &old, nil)
-	confirmedStored := add("confirmed", "r4", &old, nil, nil)
-	if _, err := pool.Exec(context.Background(), `INSERT INTO buzz.events (id, pubkey, created_at, kind, tags, content, sig, d_tag)
-		VALUES ($1, $2, $3, 30300, '[]'::jsonb, '', repeat('0', 128), 'r4')`, confirmedStored, pk, now-900000); err != nil {
-		t.Fatal(err)
+	// A version still stored: publishing it again is a duplicate, so its row may go.
+	storeVersion := func(id, d string) {
+		if _, err := pool.Exec(context.Background(), `INSERT INTO buzz.events (id, pubkey, created_at, kind, tags, content, sig, d_tag)
+			VALUES ($1, $2, $3, 30300, '[]'::jsonb, '', repeat('0', 128), $4)`, id, pk, now-900000, d); err != nil {
+			t.Fatal(err)
+		}
 	}
+	confirmedStored := add("confirmed", "r4", &old, nil, nil)
+	storeVersion(confirmedStored, "r4")
 	confirmedRecent := add("confirmed", "r5", &recent, nil, nil)
+	storeVersion(confirmedRecent, "r5")
 	confirmedLoose := add("confirmed", "r6", &old, nil, nil) // not stored, no tombstone: could come back
 
 	mustLead(t, u)
