@@ -117,6 +117,15 @@ END $$;
 COMMENT ON FUNCTION buzz.upkeep_setting(text) IS
   'An upkeep setting from buzz.config, in seconds (upkeep_grace_seconds, upkeep_reminder_keep_seconds).';
 
+-- The kinds buzz.upkeep_keeps may keep. Scans test the kind first and call upkeep_keeps only for
+-- these: a call per row costs more than the rest of the scan. IMMUTABLE, so a query folds it once.
+CREATE FUNCTION buzz.upkeep_guarded_kinds() RETURNS integer[]
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$ SELECT ARRAY[5, 30300, 30622, 41010, 41011, 41012]::integer[] $$;
+COMMENT ON FUNCTION buzz.upkeep_guarded_kinds() IS
+  'Kinds of which buzz.upkeep_keeps keeps some or all events; an event of any other kind it never keeps.';
+
 -- The guards every event purge applies, rule or not. STABLE: it reads other tables.
 CREATE FUNCTION buzz.upkeep_keeps(p_id text, p_kind integer, p_d text, p_created bigint) RETURNS boolean
 LANGUAGE plpgsql STABLE
@@ -152,7 +161,7 @@ BEGIN
   RETURN QUERY
   SELECT e.id FROM buzz.events e
    WHERE e.expires_at IS NOT NULL AND e.expires_at < cutoff
-     AND NOT buzz.upkeep_keeps(e.id, e.kind, e.d_tag, e.created_at)
+     AND NOT (e.kind = ANY (buzz.upkeep_guarded_kinds()) AND buzz.upkeep_keeps(e.id, e.kind, e.d_tag, e.created_at))
    ORDER BY e.expires_at
    LIMIT p_limit;
 END $$;
@@ -218,7 +227,7 @@ BEGIN
    WHERE e.kind BETWEEN lo AND hi AND (r.kinds IS NULL OR e.kind = ANY (r.kinds))
      AND e.created_at < cutoff
      AND e.kind <> 30300::integer
-     AND NOT buzz.upkeep_keeps(e.id, e.kind, e.d_tag, e.created_at)
+     AND NOT (e.kind = ANY (buzz.upkeep_guarded_kinds()) AND buzz.upkeep_keeps(e.id, e.kind, e.d_tag, e.created_at))
      AND (r.keep_newest IS NULL
           OR (SELECT count(*) FROM (
                 SELECT 1 FROM buzz.events x
@@ -232,6 +241,40 @@ END $$;
 COMMENT ON FUNCTION buzz.upkeep_retention_candidates(text, bigint) IS
   'Ids of events retention rule p_name removes (at most p_limit; NULL: all): its kinds, created_at older '
   'than max_age, not among their author''s keep_newest newest of those kinds, and not kept by buzz.upkeep_keeps.';
+
+-- How many events a retention rule removes now. The same predicate as
+-- buzz.upkeep_retention_candidates, with keep_newest as one window over the rule's kinds instead
+-- of a look-up per row: a purge batch stops after a few hundred rows, a count does not.
+CREATE FUNCTION buzz.upkeep_retention_waiting(p_name text) RETURNS bigint
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+DECLARE
+  r buzz.retention;
+  lo integer;
+  hi integer;
+  cutoff bigint;
+BEGIN
+  SELECT * INTO r FROM buzz.retention x WHERE x.name = p_name;
+  IF NOT FOUND THEN
+    RETURN NULL;
+  END IF;
+  IF r.keep_newest IS NULL THEN
+    RETURN (SELECT count(*) FROM buzz.upkeep_retention_candidates(p_name, NULL::bigint));
+  END IF;
+  lo := coalesce(r.kind_min, (SELECT min(k) FROM unnest(r.kinds) k));
+  hi := coalesce(r.kind_max, (SELECT max(k) FROM unnest(r.kinds) k));
+  cutoff := buzz.now_unix() - floor(extract(epoch FROM r.max_age))::bigint;
+  RETURN (SELECT count(*) FROM (
+            SELECT e.id, e.kind, e.d_tag, e.created_at,
+                   row_number() OVER (PARTITION BY e.pubkey ORDER BY e.created_at DESC, e.id DESC) AS rank
+              FROM buzz.events e
+             WHERE e.kind BETWEEN lo AND hi AND (r.kinds IS NULL OR e.kind = ANY (r.kinds))) s
+           WHERE s.rank > r.keep_newest::bigint AND s.created_at < cutoff AND s.kind <> 30300::integer
+             AND NOT (s.kind = ANY (buzz.upkeep_guarded_kinds()) AND buzz.upkeep_keeps(s.id, s.kind, s.d_tag, s.created_at)));
+END $$;
+COMMENT ON FUNCTION buzz.upkeep_retention_waiting(text) IS
+  'How many events retention rule p_name would remove now (NULL when there is no such rule).';
 
 CREATE FUNCTION buzz.upkeep_candidates(p_rule text, p_limit bigint) RETURNS SETOF text
 LANGUAGE plpgsql STABLE
@@ -288,7 +331,7 @@ BEGIN
                   WHERE pg_catalog.pg_try_advisory_xact_lock(hashtextextended('event:'::text || i, 0::bigint)));
     -- Under the locks, the guards again: a 30300 armed again or a newer head changes the answer.
     ids := ARRAY(SELECT e.id FROM buzz.events e
-                  WHERE e.id = ANY (ids) AND NOT buzz.upkeep_keeps(e.id, e.kind, e.d_tag, e.created_at)
+                  WHERE e.id = ANY (ids) AND NOT (e.kind = ANY (buzz.upkeep_guarded_kinds()) AND buzz.upkeep_keeps(e.id, e.kind, e.d_tag, e.created_at))
                   ORDER BY e.id FOR UPDATE SKIP LOCKED);
     DELETE FROM buzz.events e WHERE e.id = ANY (ids);
   END IF;
@@ -333,7 +376,8 @@ BEGIN
        AND NOT EXISTS (SELECT 1 FROM buzz.retention x WHERE 'retention:'::text || x.name = l.rule)
   )
   SELECT r.rule, r.enabled, l.last_run, coalesce(l.last_removed, 0::bigint), coalesce(l.removed_total, 0::bigint),
-         CASE WHEN r.ord < 4 THEN (SELECT count(*) FROM buzz.upkeep_candidates(r.rule, NULL::bigint)) END
+         CASE WHEN r.ord < 3 THEN (SELECT count(*) FROM buzz.upkeep_candidates(r.rule, NULL::bigint))
+              WHEN r.ord = 3 THEN buzz.upkeep_retention_waiting(substr(r.rule, 11)) END
     FROM rules r LEFT JOIN buzz.upkeep_log l ON l.rule = r.rule
    ORDER BY r.ord, r.rule;
 END $$;

@@ -144,6 +144,10 @@ func TestUpkeepKeepNewestPerAuthor(t *testing.T) {
 	aOther := insert(t, pool, row{kind: 7, pubkey: a, created: now - 5000})
 	bOld := []string{insert(t, pool, row{kind: 1, pubkey: b, created: now - 3000}), insert(t, pool, row{kind: 1, pubkey: b, created: now - 2000})}
 	rule(t, pool, `INSERT INTO buzz.retention (name, kinds, max_age, keep_newest) VALUES ('notes', '{1}', '1 minute', 3)`)
+	// upkeep_status counts with a window what the purge finds row by row: the two must agree.
+	if w := testenv.MustInt(t, pool, `SELECT waiting::int FROM buzz.upkeep_status() WHERE rule = 'retention:notes'`); w != 3 {
+		t.Errorf("upkeep_status waiting %d before the pass, want 3", w)
+	}
 
 	mustLead(t, u)
 	want := map[string]bool{aOld[0]: false, aOld[1]: false, aOld[2]: false, aOld[3]: true, aOld[4]: true,
