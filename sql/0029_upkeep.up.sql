@@ -216,7 +216,7 @@ DECLARE
 BEGIN
   SELECT * INTO r FROM buzz.retention x WHERE x.name = p_name;
   IF NOT FOUND THEN
-    PERFORM buzz.reject('BZ400'::text, ('invalid: no retention rule ' || coalesce(p_name, 'NULL'))::text);
+    RETURN;  -- removed since the pass listed it: nothing to do, not a failed pass
   END IF;
   -- A list is also scanned as its min..max range, so the kind index serves both forms.
   lo := coalesce(r.kind_min, (SELECT min(k) FROM unnest(r.kinds) k));
@@ -239,7 +239,7 @@ BEGIN
    LIMIT p_limit;
 END $$;
 COMMENT ON FUNCTION buzz.upkeep_retention_candidates(text, bigint) IS
-  'Ids of events retention rule p_name removes (at most p_limit; NULL: all): its kinds, created_at older '
+  'Ids of events retention rule p_name removes (at most p_limit; NULL: all; none if there is no such rule): its kinds, created_at older '
   'than max_age, not among their author''s keep_newest newest of those kinds, and not kept by buzz.upkeep_keeps.';
 
 -- How many events a retention rule removes now. The same predicate as
