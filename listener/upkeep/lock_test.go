@@ -71,7 +71,12 @@ func TestUpkeepOneProcessAtATime(t *testing.T) {
 	if leader, _ := b.RunOnce(ctx); leader {
 		t.Fatal("the second runner led while the first still holds its connection")
 	}
-	a.Close() // the lock dies with the connection
+	a.Close() // the lock dies with the connection, once its backend has exited
+	testenv.WaitUntil(t, 10*time.Second, "the closed connection's backend to release the upkeep lock", func() bool {
+		return testenv.MustInt(t, pool, `SELECT count(*)::int FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			AND ((classid::bigint << 32) | objid::bigint) = buzz.upkeep_lock_key()`) == 0
+	})
 	mustLead(t, b)
 }
 
