@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"io"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -59,7 +61,7 @@ func setup(t *testing.T) (string, *pgxpool.Pool, *upkeep.Upkeep) {
 
 func runner(t *testing.T, url, name string) *upkeep.Upkeep {
 	u := upkeep.New(upkeep.Config{DatabaseURL: url, InstanceID: name, Batch: 2,
-		Grace: 5 * time.Minute, ReminderKeep: 7 * 24 * time.Hour})
+		Grace: 5 * time.Minute, ReminderKeep: 7 * 24 * time.Hour, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	t.Cleanup(u.Close)
 	return u
 }
