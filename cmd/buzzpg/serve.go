@@ -25,8 +25,8 @@ import (
 	// The package is aliased: serve names its fan-out variable fanout.
 	fanoutpkg "github.com/buzzpg/buzzpg/listener/fanout"
 	"github.com/buzzpg/buzzpg/listener/reminders"
-	"github.com/buzzpg/buzzpg/listener/visibility"
 	"github.com/buzzpg/buzzpg/listener/upkeep"
+	"github.com/buzzpg/buzzpg/listener/visibility"
 	"github.com/buzzpg/buzzpg/relay"
 )
 
