@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/buzzpg/buzzpg/internal/store"
+	"github.com/buzzpg/buzzpg/listener/upkeep"
 )
 
 // serveConfig is everything `buzzpg serve` reads. Each field has an environment variable and a
@@ -60,6 +61,12 @@ type serveConfig struct {
 	ResultIPShareMB  int // of which one client IP's connections may hold together; 0: half the budget
 	SendBudgetMB     int // bytes waiting in send queues across connections
 	SendIPShareMB    int // of which one client IP's connections may hold together; 0: a quarter
+
+	// Upkeep (listener/upkeep): one process of the deployment purges at a time.
+	UpkeepInterval     time.Duration // between passes
+	UpkeepBatch        int           // rows per purge transaction
+	UpkeepGrace        time.Duration // expired events are kept this long past their expiration
+	UpkeepReminderKeep time.Duration // confirmed/cancelled reminder rows are kept this long
 }
 
 func envStr(name, def string) string {
@@ -161,6 +168,10 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	fs.IntVar(&c.SendBudgetMB, "send-budget-mb", envInt("BUZZ_SEND_BUDGET_MB", 1024), "MiB waiting in send queues across connections; past it a connection with a backlog is closed as a slow client (BUZZ_SEND_BUDGET_MB)")
 	fs.IntVar(&c.SendIPShareMB, "send-ip-share-mb", envInt("BUZZ_SEND_IP_SHARE_MB", 0), "MiB of that budget one client IP's connections may hold together; 0 = a quarter of the budget (BUZZ_SEND_IP_SHARE_MB)")
 	fs.IntVar(&c.ResultBudgetMB, "result-budget-mb", envInt("BUZZ_RESULT_BUDGET_MB", 256), "MiB of REQ initial results held in memory until sent, across connections; answers beyond it are cut short (BUZZ_RESULT_BUDGET_MB)")
+	fs.DurationVar(&c.UpkeepInterval, "upkeep-interval", envDur("BUZZ_UPKEEP_INTERVAL", upkeep.DefaultInterval), "between upkeep passes; one process of the deployment purges at a time (BUZZ_UPKEEP_INTERVAL)")
+	fs.IntVar(&c.UpkeepBatch, "upkeep-batch", envInt("BUZZ_UPKEEP_BATCH", upkeep.DefaultBatch), "rows removed per upkeep transaction (BUZZ_UPKEEP_BATCH)")
+	fs.DurationVar(&c.UpkeepGrace, "upkeep-grace", envDur("BUZZ_UPKEEP_GRACE", upkeep.DefaultGrace), "expired (NIP-40) events are purged this long after their expiration (BUZZ_UPKEEP_GRACE)")
+	fs.DurationVar(&c.UpkeepReminderKeep, "upkeep-reminder-keep", envDur("BUZZ_UPKEEP_REMINDER_KEEP", upkeep.DefaultReminderKeep), "confirmed and cancelled reminder rows are purged this long after they settled (BUZZ_UPKEEP_REMINDER_KEEP)")
 	proxies := fs.String("trusted-proxies", envStr("BUZZ_TRUSTED_PROXIES", ""), "load balancers (IPs or CIDRs, comma-separated) whose X-Forwarded-For names the client IP for per-IP caps and rates (BUZZ_TRUSTED_PROXIES)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -270,6 +281,14 @@ const maxQueryTimeout = time.Hour
 // transaction. A hundred times the default (1,000) leaves room for tuning and refuses typos.
 const maxReminderBatch = 100_000
 
+// maxUpkeepBatch bounds BUZZ_UPKEEP_BATCH: a batch is one transaction holding its rows' locks,
+// which acceptance of the same ids waits for; past a few thousand it stops being short.
+const maxUpkeepBatch = 10_000
+
+// maxUpkeepKeep bounds BUZZ_UPKEEP_GRACE and BUZZ_UPKEEP_REMINDER_KEEP (ten years): the SQL reads
+// them as whole seconds subtracted from now.
+const maxUpkeepKeep = 10 * 365 * 24 * time.Hour
+
 // checkRanges refuses values that parse but cannot work. Each would otherwise be replaced by a
 // default somewhere below (a zero lease), or misbehave (a zero reminder horizon refuses every
 // reminder; a negative rate is advertised in NIP-11 as is).
@@ -297,6 +316,14 @@ func (c *serveConfig) checkRanges() error {
 	atMost("BUZZ_QUERY_TIMEOUT", c.QueryTimeout, maxQueryTimeout)
 	atMost("BUZZ_LEASE", c.Lease, maxLease)
 	atMost("BUZZ_REMINDER_LEASE", c.ReminderLease, maxLease)
+	atLeast("BUZZ_UPKEEP_INTERVAL", c.UpkeepInterval, 10*time.Millisecond)
+	atLeast("BUZZ_UPKEEP_GRACE", c.UpkeepGrace, 0)
+	atLeast("BUZZ_UPKEEP_REMINDER_KEEP", c.UpkeepReminderKeep, 0)
+	atMost("BUZZ_UPKEEP_GRACE", c.UpkeepGrace, maxUpkeepKeep)
+	atMost("BUZZ_UPKEEP_REMINDER_KEEP", c.UpkeepReminderKeep, maxUpkeepKeep)
+	if c.UpkeepBatch < 1 || c.UpkeepBatch > maxUpkeepBatch {
+		bad = append(bad, fmt.Sprintf("BUZZ_UPKEEP_BATCH=%d must be 1 to %d", c.UpkeepBatch, maxUpkeepBatch))
+	}
 	if c.ReminderBatch > maxReminderBatch {
 		bad = append(bad, fmt.Sprintf("BUZZ_REMINDER_BATCH=%d must be at most %d", c.ReminderBatch, maxReminderBatch))
 	}

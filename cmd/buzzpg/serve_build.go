@@ -12,6 +12,7 @@ import (
 	"github.com/buzzpg/buzzpg/internal/store"
 	"github.com/buzzpg/buzzpg/listener/fanout"
 	"github.com/buzzpg/buzzpg/listener/reminders"
+	"github.com/buzzpg/buzzpg/listener/upkeep"
 	"github.com/buzzpg/buzzpg/listener/visibility"
 	"github.com/buzzpg/buzzpg/relay"
 )
@@ -187,6 +188,19 @@ func (s *server) newScheduler() *reminders.Scheduler {
 		Logger:      s.log,
 		DatabaseURL: s.cfg.DatabaseURL,
 	}, s.lpool)
+}
+
+// newUpkeep makes the background purge (one process of the deployment runs it at a time).
+func (s *server) newUpkeep() *upkeep.Upkeep {
+	return upkeep.New(upkeep.Config{
+		DatabaseURL:  s.cfg.DatabaseURL,
+		InstanceID:   s.cfg.InstanceID,
+		Interval:     s.cfg.UpkeepInterval,
+		Batch:        s.cfg.UpkeepBatch,
+		Grace:        s.cfg.UpkeepGrace,
+		ReminderKeep: s.cfg.UpkeepReminderKeep,
+		Logger:       s.log,
+	})
 }
 
 // newHTTP makes the client listener's server (health, readiness, the relay) and hands the

@@ -51,6 +51,7 @@ func (s *server) startComponents() {
 	}
 	start("publisher", s.publisher.Run)
 	start("reminders", s.scheduler.Run)
+	start("upkeep", s.newUpkeep().Run)
 }
 
 // shutdown is graceful: stop accepting, close client connections, release claims and leases,

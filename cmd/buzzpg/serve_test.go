@@ -84,6 +84,12 @@ func TestServeEnvironmentIsParsedStrictly(t *testing.T) {
 		{"BUZZ_IP_REQ_RATE", "Inf"},
 		{"BUZZ_METRICS_LISTEN", "127.0.0.1:7777"}, // the same as BUZZ_LISTEN's default
 		{"BUZZ_DEBUG_LISTEN", "127.0.0.1:7777"},
+		{"BUZZ_UPKEEP_INTERVAL", "1ms"},
+		{"BUZZ_UPKEEP_BATCH", "0"},
+		{"BUZZ_UPKEEP_BATCH", "10001"},
+		{"BUZZ_UPKEEP_GRACE", "-1s"},
+		{"BUZZ_UPKEEP_REMINDER_KEEP", "soon"},
+		{"BUZZ_UPKEEP_REMINDER_KEEP", "876001h"}, // past ten years
 	} {
 		t.Run(c.name+"="+c.val, func(t *testing.T) {
 			t.Setenv(c.name, c.val)

@@ -180,3 +180,19 @@ var sendQueued atomic.Pointer[func() int64]
 // SetSendQueued names what buzz_send_queued_bytes reports: the relay's count of queued bytes (the
 // last relay set up in this process, which in production is the only one).
 func SetSendQueued(f func() int64) { sendQueued.Store(&f) }
+
+// Upkeep (listener/upkeep): the background purge, run by one process of the deployment at a time.
+var (
+	UpkeepRowsPurged = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "buzz_upkeep_rows_purged_total", Help: "Rows the upkeep purge removed, by rule (expired, reminders, retention:<name>).",
+	}, []string{"rule"})
+	UpkeepRuns = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "buzz_upkeep_runs_total", Help: "Complete upkeep passes this process ran while holding the upkeep lock.",
+	})
+	UpkeepLastRun = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "buzz_upkeep_last_run_timestamp_seconds", Help: "Unix time this process last completed an upkeep pass (0: never).",
+	})
+	UpkeepErrors = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "buzz_upkeep_errors_total", Help: "Upkeep passes that ended in an error (the lock is given up; the next pass retries).",
+	})
+)
