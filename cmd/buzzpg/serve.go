@@ -240,6 +240,7 @@ func serve(cfg serveConfig, log *slog.Logger) (err error) {
 			SendClientShare:       int64(cfg.SendIPShareMB) << 20,
 			AcceptBatch:           cfg.AcceptBatch,
 			AcceptBatchCalls:      cfg.AcceptBatchCalls,
+			EventWindow:           cfg.EventWindow,
 			Logger:                log,
 		}, accept, query)
 		if err != nil {
