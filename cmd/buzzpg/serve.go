@@ -306,7 +306,9 @@ func serve(cfg serveConfig, log *slog.Logger) (err error) {
 	}
 	runComp("publisher", publisher.Run)
 	runComp("reminders", scheduler.Run)
-	runComp("statistics", func(ctx context.Context) error { return store.RefreshStatistics(ctx, query, store.StatisticsEvery, log) })
+	runComp("statistics", func(ctx context.Context) error {
+		return store.RefreshStatistics(ctx, query, store.StatisticsEvery, log)
+	})
 	go func() {
 		if err := httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			failed <- fmt.Errorf("http: %w", err)
