@@ -57,6 +57,7 @@ type conn struct {
 
 	killOnce    sync.Once
 	closeReason atomic.Value // string: why the connection ended (first reason wins)
+	pipe        *pipeline    // EVENTs read and not yet answered (pipeline.go)
 	closing     atomic.Pointer[closeInfo]
 	writerDone  chan struct{}
 }
@@ -80,6 +81,7 @@ func newConn(s *Server, ws *websocket.Conn, r *http.Request, relayURL, ip, key s
 		writerDone: make(chan struct{}),
 		pong:       make(chan string, 1),
 		ip:         key,
+		pipe:       newPipeline(),
 	}
 	if s.cfg.EventRate > 0 {
 		c.eventBucket = newTokenBucket(s.cfg.EventRate, s.cfg.EventBurst)
@@ -114,6 +116,7 @@ func (c *conn) run() {
 		return c.ws.SetReadDeadline(timeNow().Add(c.s.readWait))
 	})
 	go c.writeLoop()
+	go c.pipelineLoop()
 	c.log.Debug("connected")
 	c.send(marshalArray("AUTH", c.challenge))
 
@@ -150,6 +153,7 @@ func (c *conn) run() {
 	}
 	c.kill(reason)
 	<-c.writerDone
+	<-c.pipe.done
 	c.mu.Lock()
 	for id, sub := range c.subs {
 		sub.close()
@@ -170,10 +174,15 @@ func (c *conn) handle(data []byte) {
 		}
 	}()
 	msg, perr := parseClientMessage(data)
+	if perr != nil && perr.eventID != "" {
+		c.queueDecided(perr.eventID, false, "invalid: "+perr.msg)
+		return
+	}
+	if perr != nil || msg.verb != verbEVENT {
+		c.waitEvents() // replies in order, and reads see the connection's own writes
+	}
 	if perr != nil {
 		switch {
-		case perr.eventID != "":
-			c.sendOK(perr.eventID, false, "invalid: "+perr.msg)
 		case perr.subID != "" && (perr.verb == verbREQ || perr.verb == verbCOUNT):
 			// A REQ replaces the subscription of its id whatever happens next (handleReq), a
 			// malformed one too; a COUNT's CLOSED reads as the end of a REQ of the same id
@@ -187,7 +196,7 @@ func (c *conn) handle(data []byte) {
 	}
 	switch msg.verb {
 	case verbEVENT:
-		c.handleEvent(msg.event)
+		c.handleEvent(msg.event, len(data))
 	case verbREQ:
 		c.handleReq(msg.subID, msg.filters)
 	case verbCOUNT:

@@ -10,7 +10,6 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
-	"github.com/buzzpg/buzzpg/internal/db"
 	"github.com/buzzpg/buzzpg/internal/metrics"
 )
 
@@ -21,38 +20,29 @@ const (
 )
 
 // handleEvent answers one EVENT with exactly one OK: Go checks first (shape, id, signature,
-// limits), then the one SQL call whose verdict goes back verbatim. Live delivery is not done
-// here: it comes through Deliver from the replication tail, for this process and all others.
-func (c *conn) handleEvent(ev *nostr.Event) {
+// limits), in the read loop and in order, then the one SQL call whose verdict goes back verbatim,
+// made by the connection's pipeline (pipeline.go) while the read loop reads on. size is the
+// frame's length, what the event holds in the window. Live delivery is not done here: it comes
+// through Deliver from the replication tail, for this process and all others.
+func (c *conn) handleEvent(ev *nostr.Event, size int) {
 	if !c.allowEvent("EVENT") {
-		c.replyEvent(ev.ID, false, "rate-limited: slow down, too many events")
+		c.queueDecided(ev.ID, false, "rate-limited: slow down, too many events")
 		return
 	}
 	if reason := c.s.checkEvent(ev, c.authedList(), timeNow()); reason != "" {
-		c.replyEvent(ev.ID, false, reason)
+		c.queueDecided(ev.ID, false, reason)
 		return
 	}
-	if isEphemeral(ev.Kind) && c.s.ephemeral.seen(keyOf(ev.ID), timeNow()) {
-		c.replyEvent(ev.ID, true, "duplicate: already have this event")
-		return
-	}
-	ok, msg, err := c.s.acceptEvent(c.ctx, ev)
-	if err == nil && ok && msg == "" && isEphemeral(ev.Kind) {
-		c.s.ephemeral.add(keyOf(ev.ID), timeNow())
-	}
-	if err != nil {
-		if c.ctx.Err() != nil {
-			return // the client is gone; nobody to answer
+	if isEphemeral(ev.Kind) {
+		if c.pipe.holds(ev.ID) {
+			c.waitEvents() // the same ephemeral event in flight: its verdict decides this one's
 		}
-		// Every event fails while the database is away: one line per 10 s, with the count.
-		if log, folded := c.s.acceptErrLog.Allow(time.Now()); log {
-			c.log.Error("accept_event failed", "id", ev.ID, "kind", ev.Kind, "sqlstate", db.SQLState(err), "err", err,
-				"similar_since_last", folded)
+		if c.s.ephemeral.seen(keyOf(ev.ID), timeNow()) {
+			c.queueDecided(ev.ID, true, "duplicate: already have this event")
+			return
 		}
-		c.replyEvent(ev.ID, false, "error: could not store the event, try again later")
-		return
 	}
-	c.replyEvent(ev.ID, ok, msg)
+	c.queueAccept(ev, size)
 }
 
 // okPrefixes are the machine-readable OK prefixes (docs/protocol.md), the metric's label values.

@@ -65,6 +65,11 @@ type Config struct {
 	// smaller and cost more CPU per event).
 	AcceptBatch      int
 	AcceptBatchCalls int
+	// EventWindow bounds the EVENTs one connection has read and not yet had answered (default
+	// 64; 1: each EVENT is answered before the next message is read), EventWindowBytes their
+	// frames' bytes (default 1 MiB). A full window stops the connection's reads (pipeline.go).
+	EventWindow      int
+	EventWindowBytes int
 	ReminderHorizon  time.Duration // how far ahead a 30300 not_before may be; default one year
 	// Rate limits (token buckets); a rate of 0 means unlimited. Per connection, and per client IP
 	// across all its connections. Over the limit: OK/CLOSED "rate-limited: ...".
@@ -132,6 +137,8 @@ func (c *Config) applyDefaults() error {
 	def(&c.MaxQueriesInFlight, 4)
 	def(&c.AcceptBatch, 32)
 	def(&c.AcceptBatchCalls, 1)
+	def(&c.EventWindow, 64)
+	def(&c.EventWindowBytes, 1<<20)
 	if c.InitialResultBudget <= 0 {
 		c.InitialResultBudget = 256 << 20
 	}

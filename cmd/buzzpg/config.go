@@ -41,6 +41,7 @@ type serveConfig struct {
 	AcceptConnsMin   int
 	AcceptBatch      int
 	AcceptBatchCalls int
+	EventWindow      int
 	QueryConns       int
 	EventRate        float64 // EVENTs per second per connection (token bucket), 0 = unlimited
 	EventBurst       int
@@ -148,6 +149,7 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	fs.IntVar(&c.AcceptConns, "accept-conns", envInt("BUZZ_ACCEPT_CONNS", 16), "PostgreSQL connections for accept_event (BUZZ_ACCEPT_CONNS)")
 	fs.IntVar(&c.AcceptConnsMin, "accept-conns-min", envInt("BUZZ_ACCEPT_CONNS_MIN", 8), "accept_event connections opened and warmed before serving, and kept open (BUZZ_ACCEPT_CONNS_MIN)")
 	fs.IntVar(&c.AcceptBatch, "accept-batch", envInt("BUZZ_ACCEPT_BATCH", 32), "most EVENTs stored in one transaction when events arrive faster than they are stored, 1 to 60; 1 stores each alone (BUZZ_ACCEPT_BATCH)")
+	fs.IntVar(&c.EventWindow, "event-window", envInt("BUZZ_EVENT_WINDOW", 64), "EVENTs one connection may have in flight (read, not yet answered); 1 answers each before reading the next (BUZZ_EVENT_WINDOW)")
 	fs.IntVar(&c.AcceptBatchCalls, "accept-batch-calls", envInt("BUZZ_ACCEPT_BATCH_CALLS", 1), "accept_events calls in flight at once; events arriving meanwhile wait and go together in the next (BUZZ_ACCEPT_BATCH_CALLS)")
 	fs.IntVar(&c.QueryConns, "query-conns", envInt("BUZZ_QUERY_CONNS", 8), "PostgreSQL connections for REQ/COUNT (BUZZ_QUERY_CONNS)")
 	fs.Float64Var(&c.EventRate, "event-rate", envFloat("BUZZ_EVENT_RATE", 0), "EVENTs per second per connection, 0 = unlimited (BUZZ_EVENT_RATE)")
@@ -185,6 +187,9 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	}
 	if c.AcceptConns < 1 || c.QueryConns < 1 || c.AcceptConnsMin < 0 {
 		return c, fmt.Errorf("BUZZ_ACCEPT_CONNS and BUZZ_QUERY_CONNS must be at least 1, BUZZ_ACCEPT_CONNS_MIN at least 0 (got %d, %d, %d)", c.AcceptConns, c.QueryConns, c.AcceptConnsMin)
+	}
+	if c.EventWindow < 1 || c.EventWindow > 4096 {
+		return c, fmt.Errorf("BUZZ_EVENT_WINDOW must be 1 to 4096 (got %d)", c.EventWindow)
 	}
 	if c.AcceptBatch < 1 || c.AcceptBatch > store.MaxBatch || c.AcceptBatchCalls < 1 || c.AcceptBatchCalls > c.AcceptConns {
 		return c, fmt.Errorf("BUZZ_ACCEPT_BATCH must be 1 to %d and BUZZ_ACCEPT_BATCH_CALLS 1 to BUZZ_ACCEPT_CONNS (%d) (got %d, %d)", store.MaxBatch, c.AcceptConns, c.AcceptBatch, c.AcceptBatchCalls)

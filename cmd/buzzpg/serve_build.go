@@ -147,6 +147,7 @@ func (s *server) newRelay() (*relay.Server, error) {
 		SendClientShare:       int64(cfg.SendIPShareMB) << 20,
 		AcceptBatch:           cfg.AcceptBatch,
 		AcceptBatchCalls:      cfg.AcceptBatchCalls,
+		EventWindow:           cfg.EventWindow,
 		Logger:                s.log,
 	}, s.accept, s.query)
 	if err != nil {

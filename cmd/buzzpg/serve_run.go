@@ -8,6 +8,7 @@ import (
 
 	"github.com/buzzpg/buzzpg/internal/hooks"
 	"github.com/buzzpg/buzzpg/internal/metrics"
+	"github.com/buzzpg/buzzpg/internal/store"
 )
 
 // run starts the components and the client listener, and returns when ctx ends (nil) or a
@@ -36,7 +37,7 @@ func (s *server) run() error {
 func (s *server) startComponents() {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancelComps = cancel
-	s.failed = make(chan error, 4)
+	s.failed = make(chan error, 8) // one per component and the HTTP server, so no sender blocks
 	start := func(name string, run func(context.Context) error) {
 		s.comps.Add(1)
 		go func() {
@@ -52,6 +53,9 @@ func (s *server) startComponents() {
 	start("publisher", s.publisher.Run)
 	start("reminders", s.scheduler.Run)
 	start("upkeep", s.newUpkeep().Run)
+	start("statistics", func(ctx context.Context) error {
+		return store.RefreshStatistics(ctx, s.query, store.StatisticsEvery, s.log)
+	})
 }
 
 // shutdown is graceful: stop accepting, close client connections, release claims and leases,

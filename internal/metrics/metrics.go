@@ -26,6 +26,12 @@ var (
 		Name: "buzz_accept_batch_events", Help: "Events per buzz.accept_events call.",
 		Buckets: []float64{1, 2, 4, 8, 16, 32, 60},
 	})
+	// EventWindowDepth is a connection's EVENTs read and not yet answered, seen as each one joins
+	// its window (relay/pipeline.go): 1 for a client that waits for each OK.
+	EventWindowDepth = promauto.NewHistogram(prometheus.HistogramOpts{
+		Name: "buzz_event_window_depth", Help: "EVENTs in a connection's window as one more joins it.",
+		Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
+	})
 	// AcceptBatchFallbacks counts calls PostgreSQL refused as a whole, by SQLSTATE (55P03 a lock
 	// wait over the bound, 40P01 a deadlock, ...), whose events were then stored one by one.
 	AcceptBatchFallbacks = promauto.NewCounterVec(prometheus.CounterOpts{

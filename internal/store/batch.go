@@ -58,18 +58,24 @@ type Batcher struct {
 	onBatch func(keys []string)
 }
 
+// pendingAccept is one group of events: one connection's EVENTs read while its earlier ones were
+// being stored (relay/pipeline.go), or one event alone. A group stays together and in its order
+// within a call, so an event sits after every earlier event of its connection in the same
+// transaction (a DM open and the DM's first message, sent without waiting).
 type pendingAccept struct {
 	ctx   context.Context
-	raw   []byte
-	key   string // lock order: the channel the event names (its h tag), "" for none
+	raws  [][]byte
+	keys  []string
+	key   string // lock order of the group: its smallest event key ("" for none)
 	taken bool   // in a batch: its owner waits for done and takes no slot (guarded by Batcher.mu)
-	done  chan acceptVerdict
+	done  chan []Verdict
 }
 
-type acceptVerdict struct {
-	ok  bool
-	msg string
-	err error
+// Verdict is one event's outcome, as AcceptJSON returns it.
+type Verdict struct {
+	OK  bool
+	Msg string
+	Err error
 }
 
 // NewBatcher returns a Batcher running at most inflight calls at once (each on its own pool
@@ -82,16 +88,42 @@ func NewBatcher(base context.Context, pool *pgxpool.Pool, maxEvents, inflight in
 }
 
 // Accept stores one verified event and returns its OK verdict, as AcceptJSON. lockKey is the
-// channel the event names (its h tag; "" for none): a call runs its events in lockKey order, so
+// channel the event names (its h tag; "" for none): a call runs its groups in lockKey order, so
 // two calls (two processes) that both post to two channels lock them in the same order. A DM
 // message locks every member row of its DM until its call commits (buzz.lock_dm); in arrival
 // order, two such calls could each hold one DM and wait for the other's until the lock wait
 // bound sent both back to single events.
 func (b *Batcher) Accept(ctx context.Context, raw []byte, lockKey string) (ok bool, message string, err error) {
-	if b.max == 1 {
-		return AcceptJSON(ctx, b.pool, raw)
+	v := b.AcceptGroup(ctx, [][]byte{raw}, []string{lockKey})[0]
+	return v.OK, v.Msg, v.Err
+}
+
+// AcceptGroup stores events in their order and returns their verdicts, in that order: each is
+// stored after every earlier one has committed, or after it in the same transaction. Groups of
+// more than the batch size go in consecutive calls, each after the previous one's verdicts.
+// keys are the events' lock keys (Accept).
+func (b *Batcher) AcceptGroup(ctx context.Context, raws [][]byte, keys []string) []Verdict {
+	out := make([]Verdict, 0, len(raws))
+	for len(raws) > 0 {
+		n := min(len(raws), b.max)
+		if b.max == 1 {
+			ok, msg, err := AcceptJSON(ctx, b.pool, raws[0])
+			out = append(out, Verdict{ok, msg, err})
+		} else {
+			out = append(out, b.acceptOne(ctx, raws[:n], keys[:n])...)
+		}
+		raws, keys = raws[n:], keys[n:]
 	}
-	p := &pendingAccept{ctx: ctx, raw: raw, key: lockKey, done: make(chan acceptVerdict, 1)}
+	return out
+}
+
+// MaxGroup is the most events one call takes: a larger group goes in several calls.
+func (b *Batcher) MaxGroup() int { return b.max }
+
+// acceptOne queues one group of at most b.max events and waits for its verdicts, running calls
+// itself while it waits and a slot is free.
+func (b *Batcher) acceptOne(ctx context.Context, raws [][]byte, keys []string) []Verdict {
+	p := &pendingAccept{ctx: ctx, raws: raws, keys: keys, key: slices.Min(keys), done: make(chan []Verdict, 1)}
 	b.mu.Lock()
 	b.queue = append(b.queue, p)
 	b.mu.Unlock()
@@ -104,23 +136,34 @@ func (b *Batcher) Accept(ctx context.Context, raw []byte, lockKey string) (ok bo
 		b.mu.Unlock()
 		select {
 		case v := <-p.done:
-			return v.ok, v.msg, v.err
+			return v
 		case <-ctx.Done():
 			// Still queued: the next runner drops it. Taken: its verdict is dropped.
-			return false, "", ctx.Err()
+			return same(len(raws), Verdict{Err: ctx.Err()})
 		case slot <- struct{}{}:
 			b.runNext()
 		}
 	}
 }
 
-// take removes the queue's head, up to b.max events whose owners still wait, and marks them taken.
+// same is n copies of v.
+func same(n int, v Verdict) []Verdict {
+	out := make([]Verdict, n)
+	for i := range out {
+		out[i] = v
+	}
+	return out
+}
+
+// take removes whole groups from the queue's head, up to b.max events whose owners still wait,
+// and marks them taken. It stops at the first group that does not fit, so groups keep their
+// arrival order across calls.
 func (b *Batcher) take() []*pendingAccept {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var batch []*pendingAccept
-	n := 0
-	for n < len(b.queue) && len(batch) < b.max {
+	n, events := 0, 0
+	for n < len(b.queue) && events+len(b.queue[n].raws) <= b.max {
 		p := b.queue[n]
 		b.queue[n] = nil
 		n++
@@ -131,11 +174,12 @@ func (b *Batcher) take() []*pendingAccept {
 			// Too little time left to be worth a call: run, it would cut the call short for the
 			// whole batch (calls end at their events' earliest deadline).
 			p.taken = true
-			answer(p, acceptVerdict{err: errNoTimeLeft})
+			answer(p, same(len(p.raws), Verdict{Err: errNoTimeLeft}))
 			continue
 		}
 		p.taken = true
 		batch = append(batch, p)
+		events += len(p.raws)
 	}
 	b.queue = b.queue[n:]
 	if len(b.queue) == 0 {
@@ -157,18 +201,18 @@ func (b *Batcher) runNext() {
 	defer func() {
 		if !answered {
 			for _, p := range batch {
-				answer(p, acceptVerdict{err: errBatchAbandoned})
+				answer(p, same(len(p.raws), Verdict{Err: errBatchAbandoned}))
 			}
 		}
 	}()
-	metrics.AcceptBatchEvents.Observe(float64(len(batch)))
-	// Stable: events of one channel keep their arrival order (they come from different
-	// connections, whose order among themselves is arrival order only).
+	// Groups, not events, are sorted: a group's events keep their connection's order. Stable:
+	// groups of one channel keep their arrival order.
 	slices.SortStableFunc(batch, func(x, y *pendingAccept) int { return strings.Compare(x.key, y.key) })
+	metrics.AcceptBatchEvents.Observe(float64(countEvents(batch)))
 	if b.onBatch != nil {
-		keys := make([]string, len(batch))
-		for i, p := range batch {
-			keys[i] = p.key
+		var keys []string
+		for _, p := range batch {
+			keys = append(keys, p.keys...)
 		}
 		b.onBatch(keys)
 	}
@@ -181,34 +225,55 @@ func (b *Batcher) runNext() {
 		// cancellation that reached the server only after its commit would make a second run
 		// answer "duplicate:". Whatever PostgreSQL said, answer as for an unknown outcome.
 		for _, p := range batch {
-			answer(p, acceptVerdict{err: fmt.Errorf("accept_events: outcome unknown: %w", err)})
+			answer(p, same(len(p.raws), Verdict{Err: fmt.Errorf("accept_events: outcome unknown: %w", err)}))
 		}
 		return
 	}
 	if err != nil {
-		// PostgreSQL refused the call, so nothing of it is committed. Each event goes again on its
+		// PostgreSQL refused the call, so nothing of it is committed. Each group goes again on its
 		// own, outside the slots, waiting for locks as long as its own context lets it.
 		metrics.AcceptBatchFallbacks.WithLabelValues(db.SQLState(err)).Inc()
 		for _, p := range batch {
-			go func() {
-				defer func() {
-					if r := recover(); r != nil {
-						answer(p, acceptVerdict{err: fmt.Errorf("accept_event panicked: %v", r)})
-					}
-				}()
-				ok, msg, err := AcceptJSON(p.ctx, b.pool, p.raw)
-				answer(p, acceptVerdict{ok, msg, err})
-			}()
+			go b.acceptInOrder(p)
 		}
 		return
 	}
-	for i, p := range batch {
-		answer(p, verdicts[i])
+	i := 0
+	for _, p := range batch {
+		answer(p, verdicts[i:i+len(p.raws)])
+		i += len(p.raws)
 	}
 }
 
-// answer gives p its verdict; a second one is dropped (done holds one and nobody else sends).
-func answer(p *pendingAccept, v acceptVerdict) {
+// acceptInOrder stores a group's events one by one, each after the previous one's verdict: the
+// fallback of a refused call keeps the group's order.
+func (b *Batcher) acceptInOrder(p *pendingAccept) {
+	out := make([]Verdict, 0, len(p.raws))
+	defer func() {
+		if r := recover(); r != nil {
+			for len(out) < len(p.raws) {
+				out = append(out, Verdict{Err: fmt.Errorf("accept_event panicked: %v", r)})
+			}
+			answer(p, out)
+		}
+	}()
+	for _, raw := range p.raws {
+		ok, msg, err := AcceptJSON(p.ctx, b.pool, raw)
+		out = append(out, Verdict{ok, msg, err})
+	}
+	answer(p, out)
+}
+
+func countEvents(batch []*pendingAccept) int {
+	n := 0
+	for _, p := range batch {
+		n += len(p.raws)
+	}
+	return n
+}
+
+// answer gives p its verdicts; a second answer is dropped (done holds one and nobody else sends).
+func answer(p *pendingAccept, v []Verdict) {
 	select {
 	case p.done <- v:
 	default:
@@ -236,36 +301,36 @@ const acceptBatchSQL = `SELECT ok, message, code FROM buzz.accept_events($1::jso
 // decode) answers every event of the call with an error instead: the call may have committed,
 // and a second run would answer "duplicate:" where the first verdict was something else (a DM
 // open's channel id) and emit an ephemeral event twice.
-func (b *Batcher) call(ctx context.Context, batch []*pendingAccept) ([]acceptVerdict, error) {
+func (b *Batcher) call(ctx context.Context, batch []*pendingAccept) ([]Verdict, error) {
 	var arr bytes.Buffer
 	arr.WriteByte('[')
-	for i, p := range batch {
-		if i > 0 {
-			arr.WriteByte(',')
+	total := 0
+	for _, p := range batch {
+		for _, raw := range p.raws {
+			if total > 0 {
+				arr.WriteByte(',')
+			}
+			arr.Write(raw)
+			total++
 		}
-		arr.Write(p.raw)
 	}
 	arr.WriteByte(']')
 	read := 0 // rows read: after the last one, the next thing is the commit's outcome
-	unknown := func(err error) ([]acceptVerdict, error) {
+	unknown := func(err error) ([]Verdict, error) {
 		var pgErr *pgconn.PgError
 		// An ERROR aborts the transaction, at any point. A FATAL after every row could have come
 		// after the commit (a backend terminated just then): not known to be rolled back.
-		if errors.As(err, &pgErr) && !(read == len(batch) && (pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC")) {
+		if errors.As(err, &pgErr) && !(read == total && (pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC")) {
 			return nil, err
 		}
-		out := make([]acceptVerdict, len(batch))
-		for i := range out {
-			out[i] = acceptVerdict{err: fmt.Errorf("accept_events: outcome unknown: %w", err)}
-		}
-		return out, nil
+		return same(total, Verdict{Err: fmt.Errorf("accept_events: outcome unknown: %w", err)}), nil
 	}
 	rows, err := b.pool.Query(ctx, acceptBatchSQL, arr.String(), BatchLockWait.Milliseconds())
 	if err != nil {
 		return unknown(err)
 	}
 	defer rows.Close()
-	out := make([]acceptVerdict, 0, len(batch))
+	out := make([]Verdict, 0, total)
 	for rows.Next() {
 		var ok bool
 		var msg string
@@ -276,23 +341,23 @@ func (b *Batcher) call(ctx context.Context, batch []*pendingAccept) ([]acceptVer
 		read++
 		switch {
 		case code == nil:
-			out = append(out, acceptVerdict{ok: ok, msg: canonicalResponse(msg)})
+			out = append(out, Verdict{OK: ok, Msg: canonicalResponse(msg)})
 		default:
 			m, isClient := clientMessage(*code, msg)
 			if !isClient {
 				// accept_events catches the client SQLSTATEs only (a test compares the lists):
 				// a code it caught that the relay does not map is a version skew, not the client's.
-				out = append(out, acceptVerdict{err: fmt.Errorf("accept_events: unmapped SQLSTATE %s: %s", *code, msg)})
+				out = append(out, Verdict{Err: fmt.Errorf("accept_events: unmapped SQLSTATE %s: %s", *code, msg)})
 				continue
 			}
-			out = append(out, acceptVerdict{ok: false, msg: m})
+			out = append(out, Verdict{OK: false, Msg: m})
 		}
 	}
 	// Rows come before the commit (at Sync): an error here may be the commit's own.
 	if err := rows.Err(); err != nil {
 		return unknown(err)
 	}
-	if len(out) != len(batch) {
+	if len(out) != total {
 		return unknown(errBatchShort)
 	}
 	return out, nil

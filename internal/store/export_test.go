@@ -12,7 +12,11 @@ func (b *Batcher) SetOnBatchKeys(fn func(keys []string)) { b.onBatch = fn }
 func (b *Batcher) Queued() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return len(b.queue)
+	n := 0
+	for _, p := range b.queue {
+		n += len(p.raws)
+	}
+	return n
 }
 
 // ClientSQLStates lists every SQLSTATE the relay answers as a client error.

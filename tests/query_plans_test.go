@@ -1,0 +1,131 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+// REQ plans do not depend on whether autovacuum has analyzed a table that grew from empty: a few
+// seconds after 20,000 events arrive through the relay, each filter shape walks an index in the
+// REQ's order instead of sorting every matching row (buzz.refresh_statistics, sql/0007_upkeep.up.sql, called by
+// the relay every StatisticsEvery). No manual ANALYZE.
+func TestReqPlansUseIndexesAfterABulkLoad(t *testing.T) {
+	dbURL := testenv.FreshDB(t)
+	r := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: dbURL})
+	aSK, aPK := testenv.NewKey()
+	_, bPK := testenv.NewKey()
+	setup := rbDial(t, r.URL)
+	setup.Auth(aSK)
+	channel := fanOpenDM(t, setup, fanUser{aSK, aPK}, bPK)
+
+	const conns, perConn = 8, 2500
+	var answered, refused atomic.Int64
+	done := make(chan struct{}, conns)
+	authors := make([]string, conns)
+	var firstID string
+	for i := range conns {
+		sk, pk := testenv.NewKey()
+		if i == 0 {
+			sk, pk = aSK, aPK // its messages go to the DM
+		}
+		authors[i] = pk
+		evs := make([]*nostr.Event, perConn)
+		for j := range evs {
+			if i == 0 && j%4 == 0 {
+				evs[j] = rbSign(sk, 9, fmt.Sprint("dm ", j), nostr.Now(), nostr.Tag{"h", channel})
+			} else {
+				evs[j] = rbSign(sk, 1, fmt.Sprint("note ", i, " ", j), nostr.Now(), nostr.Tag{"t", fmt.Sprint("tag", j%50)})
+			}
+		}
+		if i == 1 {
+			firstID = evs[0].ID
+		}
+		c := testenv.Dial(t, r.URL, testenv.OnOK(func(_ string, ok bool, _ string, _ time.Time) {
+			if !ok {
+				refused.Add(1)
+			}
+			if answered.Add(1) == conns*perConn {
+				close(done)
+			}
+		}))
+		if i == 0 {
+			c.Auth(aSK)
+			answered.Add(-1) // the AUTH's OK
+		}
+		go func() {
+			for _, ev := range evs {
+				c.SendEvent(ev)
+			}
+		}()
+	}
+	select {
+	case <-done:
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("%d of %d OKs", answered.Load(), conns*perConn)
+	}
+	if n := refused.Load(); n > 0 {
+		t.Fatalf("%d events refused", n)
+	}
+	loaded := time.Now()
+
+	pool := testenv.Pool(t, dbURL)
+	const tail = ` AND (e.expires_at IS NULL OR e.expires_at > floor(extract(epoch from statement_timestamp()))::bigint)` +
+		` AND e.scope = '*' ORDER BY e.created_at DESC, e.id LIMIT 100`
+	shapes := map[string]string{
+		"kinds":         `e.kind = 1`,
+		"#h":            fmt.Sprintf(`e.tagvals && ARRAY['h:%s']::text[]`, channel),
+		"authors+kinds": fmt.Sprintf(`e.pubkey = '%s' AND e.kind = 1`, authors[1]),
+		"ids":           fmt.Sprintf(`e.id = ANY(ARRAY['%s', '%s']::text[])`, firstID, strings.Repeat("0", 64)),
+	}
+	var bad map[string]string
+	for {
+		bad = map[string]string{}
+		for name, where := range shapes {
+			plan := explain(t, pool, `SELECT e.id FROM buzz.events e WHERE `+where+tail)
+			// ids: a sort of the rows named (a primary-key lookup) is no full sort.
+			sorts := strings.Contains(plan, "Sort") && name != "ids"
+			if strings.Contains(plan, "Seq Scan") || sorts || !strings.Contains(plan, "Index") {
+				bad[name] = plan
+			}
+		}
+		if len(bad) == 0 {
+			t.Logf("plans use indexes %v after the load", time.Since(loaded).Round(100*time.Millisecond))
+			return
+		}
+		if time.Since(loaded) > 15*time.Second {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	for name, plan := range bad {
+		t.Errorf("%s: 15 s after the load the plan still sorts or scans the table:\n%s", name, plan)
+	}
+}
+
+// explain is the plan of sql, one line per node.
+func explain(t *testing.T, pool *pgxpool.Pool, sql string) string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `EXPLAIN `+sql)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var lines []string
+	for rows.Next() {
+		var l string
+		if err := rows.Scan(&l); err != nil {
+			t.Fatal(err)
+		}
+		lines = append(lines, l)
+	}
+	return strings.Join(lines, "\n")
+}
