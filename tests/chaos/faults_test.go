@@ -56,7 +56,7 @@ type injector struct {
 	gaps      []slotGap
 	skipped   []string
 	busy      [3]bool
-	exclusive bool // a slot invalidation runs: no freezes, cuts or PostgreSQL restarts meanwhile
+	exclusive bool // a slot invalidation runs: no other fault meanwhile (see slotLoss)
 
 	pgMu     sync.Mutex // PostgreSQL restarts and slot invalidations, one at a time
 	starting [3]atomic.Bool
@@ -234,7 +234,7 @@ func (in *injector) pickRelay(kind string) int {
 	down := in.fl.down()
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if in.exclusive && kind != fKill {
+	if in.exclusive {
 		return -1
 	}
 	var free []int

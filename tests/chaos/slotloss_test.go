@@ -60,11 +60,14 @@ func (in *injector) slotLoss(i int) {
 		return
 	}
 	slot := fanout.SlotName(in.fl.instance(i))
-	var others []string
-	for j := 0; j < 3; j++ {
-		if j != i {
-			others = append(others, fanout.SlotName(in.fl.instance(j)))
+	others := func() []string { // the other relays' current slots (an exit restarted meanwhile makes a new one)
+		var out []string
+		for j := 0; j < 3; j++ {
+			if j != i {
+				out = append(out, fanout.SlotName(in.fl.instance(j)))
+			}
 		}
+		return out
 	}
 	if _, ok := in.fl.signal(i, syscall.SIGSTOP); !ok {
 		in.skip("slot invalidation of relay %d: SIGSTOP failed", i)
@@ -121,7 +124,7 @@ func (in *injector) skip(format string, args ...any) {
 // moveWAL writes slotWALSwitches segments of WAL, checkpoints (a running-xacts record lets logical
 // slots move their restart point), and waits until the slots in others (and the observer's, which
 // drain consumes) are within half the keep size of the head.
-func moveWAL(ctx context.Context, conn *pgx.Conn, others []string, drain func() error) error {
+func moveWAL(ctx context.Context, conn *pgx.Conn, others func() []string, drain func() error) error {
 	for k := 0; k < slotWALSwitches; k++ {
 		if _, err := conn.Exec(ctx, `SELECT pg_logical_emit_message(false, 'chaos_wal', 'x')`); err != nil {
 			return err
@@ -130,7 +133,6 @@ func moveWAL(ctx context.Context, conn *pgx.Conn, others []string, drain func() 
 			return err
 		}
 	}
-	names := append([]string{"chaos_observer"}, others...)
 	deadline := time.Now().Add(20 * time.Second)
 	for n := 0; ; n++ {
 		if n%10 == 0 {
@@ -140,6 +142,10 @@ func moveWAL(ctx context.Context, conn *pgx.Conn, others []string, drain func() 
 		}
 		if err := drain(); err != nil {
 			return fmt.Errorf("observer: %w", err)
+		}
+		names := []string{"chaos_observer"}
+		if others != nil {
+			names = append(names, others()...)
 		}
 		var behind int64
 		if err := conn.QueryRow(ctx, `SELECT coalesce(max(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)), 0)::bigint
