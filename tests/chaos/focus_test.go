@@ -7,8 +7,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -224,4 +227,78 @@ func TestFocusSlotInvalidatedNewSlot(t *testing.T) {
 		t.Fatalf("no new slot %s after the relay woke: %v", slot, err)
 	}
 	waitReady(t, r.Proc, readyBound, "after its slot was invalidated")
+}
+
+// Network cut mid-commit: the path dies as the reply of a reminder's confirm passes (the server
+// committed it and emitted the due signal; the relay never hears back). Once the path is back,
+// the relay resolves the unknown outcome by re-reading the row under its stamp: it counts the
+// reminder confirmed (not failed, not lost), nothing is emitted twice, and it is ready again.
+func TestFocusCutMidCommitOutcomeResolved(t *testing.T) {
+	url, db := focusCluster(t)
+	ctx := context.Background()
+	px := testenv.StartTCPProxy(t, testenv.TargetOf(t, url))
+	const hook = "reminder.after_claim"
+	dir := t.TempDir()
+	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	r := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: px.ProxyURL(t, url), HookDir: dir, Hooks: []string{hook},
+		Env: map[string]string{"BUZZ_BACKOFF_MAX": "2s", "BUZZ_REMINDER_LEASE": "30s", "BUZZ_METRICS_LISTEN": metricsAddr}})
+	ev := dueReminder(t)
+	acceptSQL(t, db(), ev)
+	testenv.WaitUntil(t, 30*time.Second, "the relay claims the reminder", func() bool { return reached(dir, hook) })
+
+	fired := px.CutOnReply([]byte(ev.ID)) // the next reply naming it: the confirm's
+	testenv.ReleaseHook(t, dir, hook)
+	select {
+	case <-fired:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no reply of the confirm passed the proxy")
+	}
+	var state string
+	if err := db().QueryRow(ctx, `SELECT state FROM buzz.reminders WHERE id = $1`, ev.ID).Scan(&state); err != nil || state != "confirmed" {
+		t.Fatalf("when its reply was cut the confirm had not committed: state %q, %v", state, err)
+	}
+	time.Sleep(time.Second)
+	px.Restore()
+	outcome := func(o string) float64 {
+		return metricValue(t, metricsAddr, `buzz_reminder_claims_total{outcome="`+o+`"}`)
+	}
+	testenv.WaitUntil(t, 30*time.Second, "the relay counts the reminder confirmed", func() bool { return outcome("confirmed") == 1 })
+	if !strings.Contains(r.Log(), "reminder confirm outcome unknown") {
+		t.Error("the relay never met the unknown outcome: the cut missed its confirm")
+	}
+	if f, l := outcome("failed"), outcome("lost"); f != 0 || l != 0 {
+		t.Errorf("after the unknown outcome: %v failed, %v lost, want 0 and 0 (the confirm committed)", f, l)
+	}
+	obs := newObserver()
+	if err := obs.drain(ctx, db(), false); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range obs.emissions() {
+		if e.id == ev.ID {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("due signal emitted %d times, want 1", n)
+	}
+	waitReady(t, r.Proc, readyBound, "after the cut")
+}
+
+// metricValue reads one sample (name with its labels, as exposed) from the metrics listener.
+func metricValue(t *testing.T, addr, sample string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, sample+" "); ok {
+			v, _ := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			return v
+		}
+	}
+	return 0
 }
