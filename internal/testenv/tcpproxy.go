@@ -23,7 +23,14 @@ type TCPProxy struct {
 	holed   bool       // for good
 	cut     bool       // until Restore
 	conns   []net.Conn // every socket, closed at Restore or at the test's cleanup
-	trigger [][]byte   // CutOnReply: cut when a reply holding one of these passes
+	trigger *trigger   // OnReply, CutOnReply
+}
+
+// trigger acts on the next server reply holding one of markers.
+type trigger struct {
+	markers [][]byte
+	fn      func() // run before the reply is forwarded
+	cut     bool   // then cut p and drop the reply
 	fired   chan struct{}
 }
 
@@ -83,15 +90,38 @@ func (p *TCPProxy) Cut() {
 }
 
 // CutOnReply cuts p as the next server reply holding one of markers passes, and drops that
-// reply: with "COMMIT\x00" (a COMMIT's CommandComplete) or ReadyForQuery idle after a statement
-// (ReplyCommitted), the server has committed and the client never learns. The returned channel is
-// closed when the cut happened.
+// reply: with ReplyCommit or ReplyCommitted, the server has committed and the client never
+// learns. The returned channel is closed when the cut happened.
 func (p *TCPProxy) CutOnReply(markers ...[]byte) <-chan struct{} {
+	return p.arm(&trigger{markers: markers, cut: true})
+}
+
+// OnReply calls fn as the next server reply holding one of markers arrives, before forwarding it:
+// fn may stop the client (SIGSTOP), which then reads the reply only when it wakes. The returned
+// channel is closed once fn returned.
+func (p *TCPProxy) OnReply(fn func(), markers ...[]byte) <-chan struct{} {
+	return p.arm(&trigger{markers: markers, fn: fn})
+}
+
+func (p *TCPProxy) arm(tr *trigger) <-chan struct{} {
+	tr.fired = make(chan struct{})
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.trigger = markers
-	p.fired = make(chan struct{})
-	return p.fired
+	if p.trigger != nil {
+		close(p.trigger.fired)
+	}
+	p.trigger = tr
+	return tr.fired
+}
+
+// Disarm drops a pending OnReply or CutOnReply.
+func (p *TCPProxy) Disarm() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.trigger != nil {
+		close(p.trigger.fired)
+		p.trigger = nil
+	}
 }
 
 // Restore resets every connection p holds (their peers see the reset and reconnect) and forwards
@@ -102,8 +132,8 @@ func (p *TCPProxy) Restore() {
 	p.conns = nil
 	p.cut = false
 	if p.trigger != nil {
+		close(p.trigger.fired)
 		p.trigger = nil
-		close(p.fired)
 	}
 	p.mu.Unlock()
 	for _, c := range old {
@@ -149,21 +179,33 @@ func (p *TCPProxy) forward(c net.Conn) {
 	p.pipe(c, s, true)
 }
 
-// fire reports whether chunk, a server reply, trips CutOnReply; if so p is cut at once.
+// fire runs a trigger chunk, a server reply, trips; it reports whether p is now cut.
 func (p *TCPProxy) fire(chunk []byte) bool {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	tr := p.trigger
 	hit := false
-	for _, m := range p.trigger {
+	for _, m := range trMarkers(tr) {
 		hit = hit || bytes.Contains(chunk, m)
 	}
 	if !hit {
+		p.mu.Unlock()
 		return false
 	}
-	p.cut = true
 	p.trigger = nil
-	close(p.fired)
-	return true
+	p.cut = p.cut || tr.cut
+	p.mu.Unlock()
+	if tr.fn != nil {
+		tr.fn()
+	}
+	close(tr.fired)
+	return tr.cut
+}
+
+func trMarkers(tr *trigger) [][]byte {
+	if tr == nil {
+		return nil
+	}
+	return tr.markers
 }
 
 // pipe copies src to dst until either fails or p goes dead; it never closes a socket, so a dead

@@ -151,6 +151,7 @@ func TestChaosSoak(t *testing.T) {
 	// Faults: the seeded schedule (see injector.run); readiness probed and memory sampled throughout.
 	obs := newObserver()
 	in := newInjector(cl, fl, dbURL, seed, 3*time.Second, obs, logf, t.Errorf)
+	in.dueSoon = func() []string { return rec.dueSoon(time.Now(), 4*time.Second) }
 	rd := watchReadiness(fl)
 	warmAt := start.Add(max(10*time.Second, min(dur/10, time.Minute)))
 	stopMem := make(chan struct{})

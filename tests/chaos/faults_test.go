@@ -48,6 +48,8 @@ type injector struct {
 	logf  func(string, ...any)
 	errf  func(string, ...any)
 	obs   *observer
+	// dueSoon lists reminders (ids) due within the next seconds, for freezes timed on a claim.
+	dueSoon func() []string
 
 	mu        sync.Mutex
 	counts    map[string]int
@@ -281,20 +283,39 @@ func (in *injector) kill(i int, delay time.Duration) {
 }
 
 // freeze stops relay i for d (longer than its leases): its claims expire and are taken over while
-// it sleeps; when it wakes its writes under the old claims must be fenced.
+// it sleeps; when it wakes its writes under the old claims must be fenced. When reminders are due
+// in the next seconds, the stop waits (up to 5 s) for a server reply to relay i naming one of
+// them, and happens before the relay reads it: often the reply of its claim, so it wakes holding
+// a claim whose lease has passed, and confirms under a stamp that is no longer the row's.
 func (in *injector) freeze(i int, d time.Duration) {
 	w := in.open(i, fFreeze)
 	defer in.close(w)
-	pid, ok := in.fl.signal(i, syscall.SIGSTOP)
-	if !ok {
+	p := in.fl.proc(i)
+	if p == nil {
 		return
 	}
-	in.note(fmt.Sprintf("SIGSTOP relay %d (pid %d) for %s", i, pid, d))
-	time.Sleep(d)
-	if _, ok := in.fl.signal(i, syscall.SIGCONT); !ok {
-		syscall.Kill(pid, syscall.SIGCONT)
+	stop := func() { _ = syscall.Kill(p.Pid(), syscall.SIGSTOP) }
+	how := "at once (no reminder due in the next seconds)"
+	if ids := in.dueSoon(); len(ids) > 0 {
+		var markers [][]byte
+		for _, id := range ids {
+			markers = append(markers, []byte(id))
+		}
+		select {
+		case <-in.fl.proxy[i].OnReply(stop, markers...):
+			how = "as a reply naming a due reminder reached it"
+		case <-time.After(5 * time.Second):
+			in.fl.proxy[i].Disarm()
+			stop()
+			how = "at once (no reply naming a due reminder within 5s)"
+		}
+	} else {
+		stop()
 	}
-	in.note(fmt.Sprintf("SIGCONT relay %d (pid %d)", i, pid))
+	in.note(fmt.Sprintf("SIGSTOP relay %d (pid %d) %s, for %s", i, p.Pid(), how, d))
+	time.Sleep(d)
+	_ = syscall.Kill(p.Pid(), syscall.SIGCONT)
+	in.note(fmt.Sprintf("SIGCONT relay %d (pid %d)", i, p.Pid()))
 }
 
 // cut takes relay i's network to PostgreSQL away for d (every connection: pools and replication);
