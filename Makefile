@@ -23,7 +23,7 @@ TEST_TIMEOUT ?= 14m
 # Go 1.27); seen here once in make test. 15,000 inputs take 3-6 s per target on this machine.
 FUZZTIME ?= 15000x
 
-.PHONY: all build run test race fuzz bench bench-go bench-notify chaos psql db-start db-stop clean vet
+.PHONY: all build run test race fuzz bench bench-go bench-notify chaos chaos-long psql db-start db-stop clean vet
 
 all: build
 
@@ -95,14 +95,20 @@ NOTIFY_CLIENTS ?= 2 8 16
 bench-notify: db-start build
 	BUZZ_BIN=$(CURDIR)/$(BIN) scripts/bench-notify.sh $(NOTIFY_CLIENTS)
 
-# Chaos soak on its own second PostgreSQL cluster: CHAOS_DURATION (default 5m) of faults, then the
-# checker. CHAOS_SEED=<n> replays a schedule; CHAOS_KEEP=1 keeps tests/testdata/chaos-*/ logs.
+# Chaos soak on its own second PostgreSQL cluster: CHAOS_DURATION (default 5m) of faults, one every
+# CHAOS_FAULT_EVERY on average (default: the duration / 12, at most 10s), then the checker.
+# CHAOS_SEED=<n> replays a schedule; CHAOS_KEEP=1 keeps tests/testdata/chaos-*/ logs.
+# chaos-long: 25 minutes, a fault every 6 s (about 150 crashes, 35 freezes, 35 cuts, 12 PostgreSQL
+# restarts, 2 slot invalidations); not part of make test.
 CHAOS_DURATION ?= 5m
 CHAOS_TIMEOUT ?= 60m
-chaos: $(TEST_BIN)
-	BUZZ_BIN=$(CURDIR)/$(TEST_BIN) BUZZ_BUILD_TAGS='$(TEST_TAGS)' BUZZ_CHAOS_DURATION=$(CHAOS_DURATION) \
+CHAOS_RUN = BUZZ_BIN=$(CURDIR)/$(TEST_BIN) BUZZ_BUILD_TAGS='$(TEST_TAGS)' \
 	  $(if $(CHAOS_SEED),BUZZ_CHAOS_SEED=$(CHAOS_SEED)) $(if $(CHAOS_KEEP),BUZZ_CHAOS_KEEP=1) \
 	  $(GO) test -tags '$(TEST_TAGS)' -count=1 -v -run '^TestChaosSoak$$' -timeout $(CHAOS_TIMEOUT) ./tests/chaos/
+chaos: $(TEST_BIN)
+	BUZZ_CHAOS_DURATION=$(CHAOS_DURATION) $(if $(CHAOS_FAULT_EVERY),BUZZ_CHAOS_FAULT_EVERY=$(CHAOS_FAULT_EVERY)) $(CHAOS_RUN)
+chaos-long: $(TEST_BIN)
+	BUZZ_CHAOS_DURATION=25m BUZZ_CHAOS_FAULT_EVERY=$(or $(CHAOS_FAULT_EVERY),6s) $(CHAOS_RUN)
 
 # Every `go test -bench` figure with the sizes the issues ask for (about 10 minutes on a quiet
 # 2-core machine). Each benchmark measures its own baseline in the same run and prints the ratio.

@@ -1,27 +1,30 @@
 // Package chaos is buzzpg's soak: three `buzzpg serve` processes on a private second PostgreSQL
-// cluster, simulated users over real WebSockets, random kill -9 / restart of relay processes and one
-// immediate PostgreSQL restart; at quiescence a checker verifies the promises (see TestChaosSoak).
+// cluster, each reaching it through a TCP proxy the soak controls, simulated users over real
+// WebSockets, and a seeded schedule of faults (see faults_test.go): kill -9 and restart of a relay,
+// SIGSTOP of a relay past its leases, the network between a relay and PostgreSQL cut (also on a
+// COMMIT's reply), immediate PostgreSQL restarts, and a replication slot invalidated by
+// max_slot_wal_keep_size. At quiescence a checker verifies the promises (see TestChaosSoak).
 //
-//	BUZZ_CHAOS_DURATION  length of the fault phase (default 60s; `make chaos` uses 5m)
-//	BUZZ_CHAOS_SEED      seed of the simulation and the faults (default: time; always logged)
-//	BUZZ_CHAOS_USERS     simulated users (default 12)
-//	BUZZ_CHAOS_KEEP      keep the run directory (client logs, relay logs) even when the soak passes
+//	BUZZ_CHAOS_DURATION    length of the fault phase (default 60s; `make chaos` uses 5m)
+//	BUZZ_CHAOS_FAULT_EVERY mean time between faults (default: the phase / 12, at most 10s)
+//	BUZZ_CHAOS_SEED        seed of the simulation and the faults (default: time; always logged)
+//	BUZZ_CHAOS_USERS       simulated users (default 12)
+//	BUZZ_CHAOS_KEEP        keep the run directory (client logs, relay logs) even when the soak passes
 package chaos
 
 import (
 	"context"
 	"fmt"
-	"math/rand"
 	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/nbd-wtf/go-nostr"
 
@@ -43,6 +46,15 @@ func TestChaosSoak(t *testing.T) {
 			t.Fatalf("BUZZ_CHAOS_DURATION=%q: %v", v, err)
 		}
 		dur = d
+	}
+	// Mean time between faults: by default a dozen in the fault phase, at most 10 s apart.
+	every := min(10*time.Second, dur/12)
+	if v := os.Getenv("BUZZ_CHAOS_FAULT_EVERY"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			t.Fatalf("BUZZ_CHAOS_FAULT_EVERY=%q: %v", v, err)
+		}
+		every = d
 	}
 	seed := time.Now().UnixNano()
 	if v := os.Getenv("BUZZ_CHAOS_SEED"); v != "" {
@@ -77,7 +89,8 @@ func TestChaosSoak(t *testing.T) {
 		logMu.Unlock()
 		t.Log(line)
 	}
-	logf("chaos: seed %d (BUZZ_CHAOS_SEED=%d reproduces the schedule), fault phase %s, %d users, run dir %s", seed, seed, dur, nUsers, runDir)
+	logf("chaos: seed %d (BUZZ_CHAOS_SEED=%d reproduces the schedule), fault phase %s, a fault every %s on average, %d users, run dir %s",
+		seed, seed, dur, every, nUsers, runDir)
 
 	// PostgreSQL: a second private cluster, migrated, with the soak's own logical slot (test_decoding)
 	// created before any relay starts: it records every due signal that is ever committed.
@@ -94,7 +107,7 @@ func TestChaosSoak(t *testing.T) {
 	relaySK := nostr.GeneratePrivateKey()
 	relayPK, _ := nostr.GetPublicKey(relaySK)
 	env := []string{
-		"BUZZ_SWEEP_INTERVAL=1s", "BUZZ_LEASE=3s", "BUZZ_BACKOFF_MAX=2s", "BUZZ_SLOT_STALE_AFTER=20s",
+		"BUZZ_SWEEP_INTERVAL=1s", "BUZZ_LEASE=3s", "BUZZ_BACKOFF_MAX=2s", "BUZZ_SLOT_STALE_AFTER=60s",
 		"BUZZ_REMINDER_LEASE=3s", "BUZZ_SHUTDOWN_GRACE=5s", "BUZZ_AUTO_MIGRATE=true",
 	}
 	logf("relay env: %s", strings.Join(env, " "))
@@ -135,93 +148,17 @@ func TestChaosSoak(t *testing.T) {
 	}
 	defer stopClients()
 
-	// Faults: kill -9 a random relay every D/10..D/5 (only while at least two run), restart it
-	// 0.5-3 s later on the same port; one immediate PostgreSQL restart around the middle. A process
-	// that exits on its own is restarted too (and reported).
-	faultsDone := make(chan struct{})
-	var faults []string
-	var faultMu sync.Mutex
-	note := func(s string) {
-		faultMu.Lock()
-		faults = append(faults, fmt.Sprintf("%s %s", time.Now().Format("15:04:05.000"), s))
-		faultMu.Unlock()
-		logf("fault: %s", s)
-	}
-	var restarts sync.WaitGroup
-	var slotMu [3]sync.Mutex
-	var hold, starting [3]atomic.Bool // hold: down on purpose (until its restart); starting: a start is running
-	ensure := func(i int) {
-		starting[i].Store(true)
-		defer starting[i].Store(false)
-		slotMu[i].Lock()
-		defer slotMu[i].Unlock()
-		for _, d := range fl.down() {
-			if d == i {
-				if err := fl.start(i); err != nil {
-					logf("relay %d restart failed: %v", i, err)
-				}
-			}
-		}
-	}
-	go func() {
-		defer close(faultsDone)
-		frng := rand.New(rand.NewSource(seed ^ 0x5eed))
-		end := start.Add(dur)
-		pgAt := start.Add(time.Duration(float64(dur) * (0.4 + 0.2*frng.Float64())))
-		pgDone := false
-		next := time.Now().Add(time.Duration(float64(dur) * (0.1 + 0.1*frng.Float64())))
-		for time.Now().Before(end) {
-			time.Sleep(100 * time.Millisecond)
-			now := time.Now()
-			if !pgDone && now.After(pgAt) {
-				pgDone = true
-				note("PostgreSQL immediate restart: begin")
-				if err := cl.Restart(); err != nil {
-					t.Errorf("%v", err)
-				}
-				note("PostgreSQL immediate restart: up again")
-			}
-			if now.After(next) {
-				next = now.Add(time.Duration(float64(dur) * (0.1 + 0.1*frng.Float64())))
-				live := []int{}
-				for i := 0; i < 3; i++ {
-					if !contains(fl.down(), i) {
-						live = append(live, i)
-					}
-				}
-				if len(live) >= 2 {
-					i := live[frng.Intn(len(live))]
-					hold[i].Store(true)
-					if fl.kill(i) {
-						note(fmt.Sprintf("kill -9 relay %d", i))
-						delay := time.Duration(500+frng.Intn(2500)) * time.Millisecond
-						restarts.Add(1)
-						go func() {
-							defer restarts.Done()
-							time.Sleep(delay)
-							hold[i].Store(false)
-							ensure(i)
-							note(fmt.Sprintf("relay %d restarted after %s", i, delay))
-						}()
-					} else {
-						hold[i].Store(false)
-					}
-				}
-			}
-			// Supervisor: anything that died on its own comes back.
-			for _, i := range fl.down() {
-				if !hold[i].Load() && !starting[i].Load() {
-					starting[i].Store(true)
-					go ensure(i)
-				}
-			}
-		}
-	}()
-	<-faultsDone
-	restarts.Wait()
-	for i := 0; i < 3; i++ {
-		ensure(i)
-	}
+	// Faults: the seeded schedule (see injector.run); readiness probed and memory sampled throughout.
+	obs := newObserver()
+	in := newInjector(cl, fl, dbURL, seed, 3*time.Second, obs, logf, t.Errorf)
+	in.dueSoon = func() []string { return rec.dueSoon(time.Now(), 4*time.Second) }
+	rd := watchReadiness(fl)
+	warmAt := start.Add(max(10*time.Second, min(dur/10, time.Minute)))
+	stopMem := make(chan struct{})
+	mem := sampleWarm(fl, warmAt, stopMem)
+	defer close(stopMem)
+	go watchPauses(in, stopMem)
+	in.run(start, dur, every)
 	lastFault := time.Now()
 	logf("fault phase over; all relays up; users stop acting")
 	close(w.stopActs)
@@ -271,12 +208,33 @@ func TestChaosSoak(t *testing.T) {
 			lagZeroAt.Sub(lastFault).Seconds(), quiescenceBound)
 	}
 
-	// Due signals owed to connections open throughout: wait (bounded) until they arrived.
+	// Due signals owed to connections open throughout: wait (bounded) until they arrived. A relay
+	// whose slot was invalidated owes nothing committed in its slot gap (see slotGap).
 	st, err := loadState(ctx, conn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	obligations := 0
+	if err := obs.drain(ctx, conn, false); err != nil {
+		t.Fatal(err)
+	}
+	commits := map[string][]pglogrepl.LSN{}
+	for _, e := range obs.emissions() {
+		commits[e.id] = append(commits[e.id], e.commit)
+	}
+	in.mu.Lock()
+	gaps := append([]slotGap(nil), in.gaps...)
+	in.mu.Unlock()
+	inGap := func(url, id string) bool {
+		for _, g := range gaps {
+			for _, c := range commits[id] {
+				if g.covers(url, c) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	obligations, exempt := 0, 0
 	owed := func() []string {
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
@@ -287,7 +245,7 @@ func TestChaosSoak(t *testing.T) {
 			}
 		}
 		var missing []string
-		obligations = 0
+		obligations, exempt = 0, 0
 		for _, r := range st.reminders {
 			if r.state != "confirmed" || r.confirmedAt == nil {
 				continue
@@ -295,6 +253,10 @@ func TestChaosSoak(t *testing.T) {
 			for _, c := range rec.conns {
 				e, ok := c.EOSE["due"]
 				if c.User != r.pubkey || !ok || !e.Before(*r.confirmedAt) || !c.Closed.IsZero() {
+					continue
+				}
+				if inGap(c.URL, r.id) {
+					exempt++
 					continue
 				}
 				obligations++
@@ -315,6 +277,8 @@ func TestChaosSoak(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	rd.halt()
+	mem.sampleEnd(fl)
 	stopClients()
 	fl.stopAll()
 
@@ -323,10 +287,10 @@ func TestChaosSoak(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	emissions, err := readEmissions(ctx, conn)
-	if err != nil {
+	if err := obs.drain(ctx, conn, false); err != nil {
 		t.Fatal(err)
 	}
+	emissions := obs.emissions()
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 
@@ -466,7 +430,7 @@ func TestChaosSoak(t *testing.T) {
 	v.pass("due signal exactly once", "%d reminder versions confirmed, each emitted exactly once (%d emissions seen by the observer slot, %d versions recovered after a lease); %d due receipts by clients",
 		confirmed, len(emissions), recovered, dueRecv)
 	v.pass("no connection receives a due signal twice", "%d (connection, reminder) receipts, none twice", len(perConn))
-	v.pass("due signal reaches connections open throughout", "%d (reminder, connection) pairs where the due subscription was ready before the confirmation and stayed open: all received it", obligations)
+	v.pass("due signal reaches connections open throughout", "%d (reminder, connection) pairs where the due subscription was ready before the confirmation and stayed open: all received it (%d more pairs fell in a relay's slot gap: not owed live, the reminder itself stays queryable)", obligations, exempt)
 
 	// 4. Read gates, applied to every client's log with the pubkeys it had asked to AUTH as.
 	for _, r := range rec.recv {
@@ -483,7 +447,32 @@ func TestChaosSoak(t *testing.T) {
 				r.Conn, c.Role, short(c.User), r.Ev.ID, r.Ev.Kind, short(r.Ev.PubKey), r.Sub, fmtTime(r.At), why)
 		}
 	}
-	v.pass("read gates", "%d receipts checked against PROTOCOL.md's gates", len(rec.recv))
+	v.pass("read gates", "%d receipts checked against the read gates (docs/protocol.md)", len(rec.recv))
+
+	// 5. Every relay is ready again within readyBound after the faults touching it ended.
+	badReady, probes, unreadyN := rd.check(in)
+	for _, m := range badReady {
+		v.add("ready again after each fault", "%s", m)
+	}
+	v.pass("ready again after each fault", "%d /readyz probes, %d unready, all within a fault or %s after it", probes, unreadyN, readyBound)
+
+	// 6. Memory: no relay ends far above what it used after warm-up.
+	badMem, memSummary := mem.check()
+	for _, m := range badMem {
+		v.add("memory within bound", "%s", m)
+	}
+	v.pass("memory within bound", "RSS after warm-up -> at the end: %s(bound %.1f× + %.0f MB)", memSummary, memFactor, memSlackMB)
+
+	// 7. Every slot invalidation ended in a new slot (waitNewSlot), and the others were not lost.
+	var lostOthers int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE wal_status = 'lost' AND slot_name = 'chaos_observer'`).Scan(&lostOthers); err != nil || lostOthers > 0 {
+		v.add("slot invalidation accounted", "the observer slot was invalidated (emissions may be missing) or unreadable: %v", err)
+	}
+	var gapNotes []string
+	for _, g := range gaps {
+		gapNotes = append(gapNotes, fmt.Sprintf("relay %d new slot %.1fs after waking, gap %s..%s", g.relay, g.newSlotIn.Seconds(), g.from, g.to))
+	}
+	v.pass("slot invalidation accounted", "%d invalidations, each followed by a new slot: %s", len(gaps), strings.Join(gapNotes, "; "))
 
 	// ---- report ----
 	var b strings.Builder
@@ -507,17 +496,24 @@ func TestChaosSoak(t *testing.T) {
 		}
 	}
 	fmt.Fprintf(&b, "  OK false by prefix: %v; receipts %d; reminders %d\n", okFalse, len(rec.recv), len(st.reminders))
-	faultMu.Lock()
-	fmt.Fprintf(&b, "  faults (%d):\n", len(faults))
-	for _, f := range faults {
-		fmt.Fprintf(&b, "    %s\n", f)
+	var stored int64
+	_ = conn.QueryRow(ctx, `SELECT count(*) FROM buzz.events`).Scan(&stored)
+	fmt.Fprintf(&b, "  events stored %d; reminder versions emitted exactly once %d; lag zero %.1fs after the last fault\n",
+		stored, confirmed, lagZeroAt.Sub(lastFault).Seconds())
+	fmt.Fprintf(&b, "  memory per relay (RSS after warm-up -> end): %s\n", memSummary)
+	in.mu.Lock()
+	fmt.Fprintf(&b, "  faults by kind: %s\n", in.summaryLocked())
+	for _, sk := range in.skipped {
+		fmt.Fprintf(&b, "  NOTE fault skipped: %s\n", sk)
 	}
-	faultMu.Unlock()
+	fmt.Fprintf(&b, "  faults (%d notes, all in events.log)\n", len(in.list))
+	in.mu.Unlock()
 	for _, u := range fl.unexpectedExits() {
 		fmt.Fprintf(&b, "  NOTE unexpected process exit (restarted by the supervisor): %s\n", u)
 	}
 	checks := []string{"OK true is stored", "snapshot = hidden set", "due signal exactly once",
-		"no connection receives a due signal twice", "due signal reaches connections open throughout", "read gates", "lag returns to zero"}
+		"no connection receives a due signal twice", "due signal reaches connections open throughout", "read gates", "lag returns to zero",
+		"ready again after each fault", "memory within bound", "slot invalidation accounted"}
 	for _, c := range checks {
 		if ev := v.m[c]; len(ev) > 0 {
 			fmt.Fprintf(&b, "  FAIL %-48s %d violation(s):\n", c, len(ev))

@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strings"
+	"sync"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/nbd-wtf/go-nostr"
 
@@ -160,34 +163,76 @@ func eachRow(ctx context.Context, conn *pgx.Conn, sql string, fn func(pgx.Rows) 
 
 // dueEmission is one due signal found in the WAL by the soak's own logical slot.
 type dueEmission struct {
-	id    string
-	stamp int64
+	id     string
+	stamp  int64
+	commit pglogrepl.LSN // end of its transaction's commit
 }
 
-// readEmissions reads every transactional logical message 'buzz' with t=due that was committed
-// since the soak began (the observer slot was created before any relay started).
-func readEmissions(ctx context.Context, conn *pgx.Conn) ([]dueEmission, error) {
-	rows, err := conn.Query(ctx, `SELECT data FROM pg_logical_slot_peek_changes('chaos_observer', NULL, NULL)
-	                               WHERE data LIKE 'message: transactional: 1 prefix: buzz,%'`)
+// observer reads every transactional logical message 'buzz' with t=due committed since the soak
+// began (its slot was made before any relay started). A slot invalidation drains it (it must keep
+// up then, or it is lost too); an immediate restart may hand a drained stretch out again, so
+// emissions are kept once per message position.
+type observer struct {
+	mu   sync.Mutex
+	seen map[string]bool
+	out  []dueEmission
+}
+
+func newObserver() *observer { return &observer{seen: map[string]bool{}} }
+
+// drain reads what the slot holds; consume moves the slot past it.
+func (o *observer) drain(ctx context.Context, conn *pgx.Conn, consume bool) error {
+	fn := "pg_logical_slot_peek_changes"
+	if consume {
+		fn = "pg_logical_slot_get_changes"
+	}
+	rows, err := conn.Query(ctx, `SELECT lsn::text, xid::text, data FROM `+fn+`('chaos_observer', NULL, NULL)
+	                               WHERE data LIKE 'message: transactional: 1 prefix: buzz,%' OR data LIKE 'COMMIT %'`)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer rows.Close()
-	var out []dueEmission
+	type pend struct {
+		key string
+		sig testenv.DueSignal
+	}
+	open := map[string][]pend{} // xid -> its messages until its COMMIT row
+	o.mu.Lock()
+	defer o.mu.Unlock()
 	for rows.Next() {
-		var data string
-		if err := rows.Scan(&data); err != nil {
-			return nil, err
+		var lsn, xid, data string
+		if err := rows.Scan(&lsn, &xid, &data); err != nil {
+			return err
+		}
+		if strings.HasPrefix(data, "COMMIT") {
+			commit, err := pglogrepl.ParseLSN(lsn)
+			if err != nil {
+				return err
+			}
+			for _, p := range open[xid] {
+				if !o.seen[p.key] {
+					o.seen[p.key] = true
+					o.out = append(o.out, dueEmission{p.sig.ID(), p.sig.Stamp, commit})
+				}
+			}
+			delete(open, xid)
+			continue
 		}
 		sigs, err := testenv.DueSignals(data)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		for _, sig := range sigs {
-			out = append(out, dueEmission{sig.ID(), sig.Stamp})
+		for n, sig := range sigs {
+			open[xid] = append(open[xid], pend{fmt.Sprintf("%s/%d", lsn, n), sig})
 		}
 	}
-	return out, rows.Err()
+	return rows.Err()
+}
+
+func (o *observer) emissions() []dueEmission {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]dueEmission(nil), o.out...)
 }
 
 func tagValues(ev *nostr.Event, name string) []string {
@@ -200,7 +245,7 @@ func tagValues(ev *nostr.Event, name string) []string {
 	return out
 }
 
-// readable applies PROTOCOL.md's read gates to an event for a connection that had sent AUTH for
+// readable applies the read gates (docs/protocol.md, Read gates) to an event for a connection that had sent AUTH for
 // the pubkeys in authed (the relay cannot have authenticated anyone it had not been asked to).
 func readable(ev *nostr.Event, authed map[string]bool, members map[string][]string, relayPK string) (bool, string) {
 	has := func(pk string) bool { return authed[pk] }

@@ -5,12 +5,17 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/buzzpg/buzzpg/internal/bench"
+	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
 // freePort picks a free port below Linux's ephemeral range (32768-60999): a relay slot keeps its
@@ -38,6 +43,7 @@ type fleet struct {
 	env    []string
 	logDir string
 	ports  []int
+	proxy  []*testenv.TCPProxy // slot i reaches PostgreSQL only through proxy[i]
 	logf   func(string, ...any)
 
 	mu          sync.Mutex
@@ -53,6 +59,7 @@ func newFleet(t *testing.T, n int, bin, dbURL, key, logDir string, env []string,
 		procs: make([]*bench.Proc, n), incarnation: make([]int, n), killed: map[*bench.Proc]bool{}}
 	for i := 0; i < n; i++ {
 		f.ports = append(f.ports, freePort(t))
+		f.proxy = append(f.proxy, testenv.StartTCPProxy(t, testenv.TargetOf(t, dbURL)))
 	}
 	t.Cleanup(f.stopAll)
 	return f
@@ -67,7 +74,7 @@ func (f *fleet) start(i int) error {
 	var p *bench.Proc
 	var err error
 	for try := 0; try < 5; try++ {
-		p, err = bench.StartServe(bench.ProcOpts{Bin: f.bin, DatabaseURL: f.dbURL, RelayKey: f.key, InstanceID: inst,
+		p, err = bench.StartServe(bench.ProcOpts{Bin: f.bin, DatabaseURL: f.proxy[i].ProxyURL(f.t, f.dbURL), RelayKey: f.key, InstanceID: inst,
 			Listen: fmt.Sprintf("127.0.0.1:%d", f.ports[i]), Env: f.env, LogPath: filepath.Join(f.logDir, fmt.Sprintf("relay%d.log", i)),
 			LogLevel: "info"}, 90*time.Second)
 		if err == nil {
@@ -115,6 +122,50 @@ func (f *fleet) kill(i int) bool {
 	return true
 }
 
+// signal sends sig (SIGSTOP, SIGCONT) to slot i's process; false when it is not running.
+func (f *fleet) signal(i int, sig syscall.Signal) (pid int, ok bool) {
+	f.mu.Lock()
+	p := f.procs[i]
+	f.mu.Unlock()
+	if p == nil {
+		return 0, false
+	}
+	return p.Pid(), syscall.Kill(p.Pid(), sig) == nil
+}
+
+// proc is slot i's running process (nil while down).
+func (f *fleet) proc(i int) *bench.Proc {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.procs[i]
+}
+
+// instance is the instance id of slot i's current (or last) incarnation.
+func (f *fleet) instance(i int) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return fmt.Sprintf("chaos%d_%d", i, f.incarnation[i])
+}
+
+// rssMB is VmRSS of slot i's process in MiB (0 when it is not running).
+func (f *fleet) rssMB(i int) float64 {
+	p := f.proc(i)
+	if p == nil {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.Pid()))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
 // live returns the URLs of running processes.
 func (f *fleet) live() []string {
 	f.mu.Lock()
@@ -152,6 +203,7 @@ func (f *fleet) stopAll() {
 	var wg sync.WaitGroup
 	for _, p := range ps {
 		if p != nil {
+			_ = syscall.Kill(p.Pid(), syscall.SIGCONT) // a frozen process would not hear SIGTERM
 			wg.Add(1)
 			go func(p *bench.Proc) { defer wg.Done(); p.Stop(15 * time.Second) }(p)
 		}

@@ -73,6 +73,27 @@ func (r *recorder) log(v map[string]any) {
 	r.outMu.Unlock()
 }
 
+// dueSoon lists the reminders that got OK true and come due between a second before now and within.
+func (r *recorder) dueSoon(now time.Time, within time.Duration) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, s := range r.sent {
+		if s.Ev.Kind != 30300 || s.OK == nil || !s.OK.OK {
+			continue
+		}
+		for _, tg := range s.Ev.Tags {
+			if len(tg) >= 2 && tg[0] == "not_before" {
+				nb, _ := strconv.ParseInt(tg[1], 10, 64)
+				if at := time.Unix(nb, 0); at.After(now.Add(-time.Second)) && at.Before(now.Add(within)) {
+					out = append(out, s.Ev.ID)
+				}
+			}
+		}
+	}
+	return out
+}
+
 func (r *recorder) newConn(user, role, url string) *connRec {
 	r.mu.Lock()
 	c := &connRec{ID: len(r.conns), User: user, Role: role, URL: url, Opened: time.Now(),
