@@ -62,8 +62,12 @@ func (r *reapClock) mayReap(now time.Time) bool {
 }
 
 func (f *Fanout) beat(ctx context.Context) error {
-	cctx, cancel := context.WithTimeout(ctx, f.cfg.Heartbeat*2)
+	// Shutdown gives a beat in flight a second to end instead of cutting it short: the server
+	// may still run a cancelled upsert, and one that commits after Close deleted the instance
+	// row brings the row back. Close waits for the heartbeat loop, so the row goes after the beat.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.Heartbeat*2)
 	defer cancel()
+	defer context.AfterFunc(ctx, func() { time.AfterFunc(time.Second, cancel) })()
 	_, err := f.pool.Exec(cctx, `SELECT buzz.instance_heartbeat($1, $2, NULLIF($3, ''))`,
 		f.cfg.InstanceID, f.slot, f.cfg.ListenAddr)
 	if err != nil && ctx.Err() == nil {
