@@ -41,6 +41,7 @@ type conn struct {
 	dueSeen *idFIFO[dueKey]
 
 	q        *sendQueue
+	inbox    *inbox // live deliveries to match (deliverLoop)
 	querySem chan struct{}
 	// initialHeld is what this connection's initial answers hold of the process-wide budget.
 	initialHeld atomic.Int64
@@ -59,6 +60,7 @@ type conn struct {
 	closeReason atomic.Value // string: why the connection ended (first reason wins)
 	closing     atomic.Pointer[closeInfo]
 	writerDone  chan struct{}
+	deliverDone chan struct{}
 }
 
 func newConn(s *Server, ws *websocket.Conn, r *http.Request, relayURL, ip, key string) *conn {
@@ -66,20 +68,22 @@ func newConn(s *Server, ws *websocket.Conn, r *http.Request, relayURL, ip, key s
 	_, _ = rand.Read(b[:])
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &conn{
-		s:          s,
-		ws:         ws,
-		id:         s.nextID.Add(1),
-		challenge:  hex.EncodeToString(b[:]),
-		relayURL:   relayURL,
-		ctx:        ctx,
-		cancel:     cancel,
-		subs:       map[string]*subscription{},
-		dueSeen:    newIDFIFO[dueKey](duePerConn),
-		q:          newSendQueue(s.cfg.SendQueueBytes),
-		querySem:   make(chan struct{}, s.cfg.MaxQueriesInFlight),
-		writerDone: make(chan struct{}),
-		pong:       make(chan string, 1),
-		ip:         key,
+		s:           s,
+		ws:          ws,
+		id:          s.nextID.Add(1),
+		challenge:   hex.EncodeToString(b[:]),
+		relayURL:    relayURL,
+		ctx:         ctx,
+		cancel:      cancel,
+		subs:        map[string]*subscription{},
+		dueSeen:     newIDFIFO[dueKey](duePerConn),
+		q:           newSendQueue(s.cfg.SendQueueBytes),
+		querySem:    make(chan struct{}, s.cfg.MaxQueriesInFlight),
+		writerDone:  make(chan struct{}),
+		inbox:       newInbox(),
+		deliverDone: make(chan struct{}),
+		pong:        make(chan string, 1),
+		ip:          key,
 	}
 	if s.cfg.EventRate > 0 {
 		c.eventBucket = newTokenBucket(s.cfg.EventRate, s.cfg.EventBurst)
@@ -114,6 +118,7 @@ func (c *conn) run() {
 		return c.ws.SetReadDeadline(timeNow().Add(c.s.readWait))
 	})
 	go c.writeLoop()
+	go c.deliverLoop()
 	c.log.Debug("connected")
 	c.send(marshalArray("AUTH", c.challenge))
 
@@ -150,6 +155,8 @@ func (c *conn) run() {
 	}
 	c.kill(reason)
 	<-c.writerDone
+	<-c.deliverDone
+	c.inbox.close(c.s.ipInbox, c.ip)
 	c.mu.Lock()
 	for id, sub := range c.subs {
 		sub.close()
@@ -414,6 +421,12 @@ func (c *conn) overflow(why string) {
 		return
 	}
 	switch why {
+	case "inbox", "ip_inbox":
+		// Its live deliveries wait to be matched faster than its goroutine matches them: too many
+		// subscriptions for the events it asks for, or a share of the CPU too small for them.
+		metrics.SlowClientsClosed.WithLabelValues(why).Inc()
+		c.log.Warn("live deliveries waiting to be matched over the bound, closing slow client", "bound", why,
+			"inbox_events", c.s.cfg.InboxEvents, "ip_inbox_events", c.s.cfg.InboxEventsPerIP)
 	case "client":
 		metrics.SlowClientsClosed.WithLabelValues("client_share").Inc()
 		c.log.Warn("send queues of this client over its share, closing slow client", "share_bytes", c.s.cfg.SendClientShare)

@@ -72,8 +72,14 @@ func (c *conn) register(sub *subscription) bool {
 	if !c.s.ipSubs.take(c.ip) {
 		return refuse("ip", fmt.Sprintf("restricted: too many subscriptions from your address across its connections (max %d); close some first", c.s.cfg.MaxSubscriptionsPerIP))
 	}
+	if !c.s.allSubs.take("") {
+		c.s.ipSubs.give(c.ip)
+		return refuse("process", fmt.Sprintf("restricted: the relay holds as many subscriptions as it may (max %d); try again later", c.s.cfg.MaxSubscriptionsTotal))
+	}
 	sub.mu.Lock()
 	sub.slot, sub.slotKey = c.s.ipSubs, c.ip // given back by sub.close, however it ends
+	sub.allSlot = c.s.allSubs
+	sub.seen.budget = c.s.dedup // its window grows within the process's budget from now on
 	sub.mu.Unlock()
 	c.subs[sub.id] = sub
 	// Counted from here on: a Deliver that looked for candidates before this line skips this

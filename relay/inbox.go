@@ -1,0 +1,170 @@
+package relay
+
+import (
+	"sync"
+
+	"github.com/buzzpg/buzzpg/internal/metrics"
+)
+
+// inbox is a connection's queue of live deliveries not yet matched against its subscriptions.
+// The fan-out goroutine, which every live event goes through, only finds the candidate
+// connections and checks the read gate; matching, de-duplication and building the copies happen
+// on each connection's own goroutine (deliverLoop). So a connection holding many subscriptions
+// pays for them on its own goroutine, and the Go scheduler shares the CPU between it and every
+// other connection's: it no longer delays anyone else's events (issue 29, finding 4). Bounded in
+// entries per connection and per client (limitKey) across its connections: a connection that
+// cannot keep up is a slow client, closed like one whose send queue overflows.
+type inbox struct {
+	mu     sync.Mutex
+	items  []inboxItem
+	closed bool
+	wake   chan struct{} // capacity 1
+}
+
+// inboxItem is one delivery for one connection: the event, its JSON and tag index (shared by every
+// connection), or a marker that the stream restarted (dropSnap), queued behind the deliveries
+// that came before the restart.
+type inboxItem struct {
+	d        live
+	js       []byte
+	ix       tagIndex
+	dropSnap bool
+}
+
+func newInbox() *inbox { return &inbox{wake: make(chan struct{}, 1)} }
+
+// put queues it unless the inbox holds limit entries already ("inbox") or the client's
+// connections together hold their share of entries while this one holds some ("ip_inbox"); a
+// marker is always taken. It returns "" when queued, "closed" after close.
+// An empty inbox always takes one entry: a connection that keeps up is never refused for its
+// neighbours' backlog.
+func (b *inbox) put(it inboxItem, limit int, ip *ipCounts, key string) string {
+	b.mu.Lock()
+	switch {
+	case b.closed:
+		b.mu.Unlock()
+		return "closed"
+	case it.dropSnap:
+	case len(b.items) >= limit:
+		b.mu.Unlock()
+		return "inbox"
+	case !ip.add(key, len(b.items) == 0):
+		b.mu.Unlock()
+		return "ip_inbox"
+	}
+	b.items = append(b.items, it)
+	b.mu.Unlock()
+	metrics.DeliveryInbox.Inc()
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+	return ""
+}
+
+// next removes and returns the oldest entries, giving their charge back.
+func (b *inbox) next(ip *ipCounts, key string) []inboxItem {
+	b.mu.Lock()
+	items := b.items
+	b.items = nil
+	b.mu.Unlock()
+	n := 0
+	for _, it := range items {
+		if !it.dropSnap {
+			n++
+		}
+	}
+	ip.sub(key, n)
+	metrics.DeliveryInbox.Sub(float64(len(items)))
+	return items
+}
+
+// close refuses further entries and drops those queued, giving their charge back.
+func (b *inbox) close(ip *ipCounts, key string) {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	b.next(ip, key)
+}
+
+// queueLive hands a delivery to c's inbox; an inbox that is full makes c a slow client.
+func (c *conn) queueLive(d live, js []byte, ix tagIndex) {
+	if why := c.inbox.put(inboxItem{d: d, js: js, ix: ix}, c.s.cfg.InboxEvents, c.s.ipInbox, c.ip); why != "" && why != "closed" {
+		c.overflow(why)
+	}
+}
+
+// deliverLoop matches the deliveries queued for c against its subscriptions and queues the copies
+// to send, in the order the fan-out handed them over, until the connection ends.
+func (c *conn) deliverLoop() {
+	defer close(c.deliverDone)
+	for {
+		select {
+		case <-c.inbox.wake:
+		case <-c.ctx.Done():
+			return
+		}
+		for _, it := range c.inbox.next(c.s.ipInbox, c.ip) {
+			if c.ctx.Err() != nil {
+				return
+			}
+			if it.dropSnap {
+				c.dropSnapshots()
+				continue
+			}
+			c.deliverSafely(it)
+		}
+	}
+}
+
+// deliverSafely is c.deliver with a panic logged instead of ending the process.
+func (c *conn) deliverSafely(it inboxItem) {
+	defer func() {
+		if p := recover(); p != nil {
+			c.log.Error("panic in live delivery", "panic", p, "id", it.d.Event.ID)
+		}
+	}()
+	c.deliver(it.d, it.js, it.ix)
+}
+
+// dropSnapshots makes every subscription of c forget its query's snapshot (StreamRestarted).
+func (c *conn) dropSnapshots() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, sub := range c.subs {
+		sub.mu.Lock()
+		sub.dropSnapshot()
+		sub.mu.Unlock()
+	}
+}
+
+// ipCounts counts the entries each client (limitKey) holds in its connections' inboxes.
+type ipCounts struct {
+	mu    sync.Mutex
+	limit int
+	n     map[string]int
+}
+
+func newIPCounts(limit int) *ipCounts { return &ipCounts{limit: limit, n: map[string]int{}} }
+
+// add counts one more entry for key, unless key holds limit already and force is false.
+func (c *ipCounts) add(key string, force bool) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !force && c.n[key] >= c.limit {
+		return false
+	}
+	c.n[key]++
+	return true
+}
+
+func (c *ipCounts) sub(key string, k int) {
+	if k == 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n[key] -= k; c.n[key] <= 0 {
+		delete(c.n, key)
+	}
+}
