@@ -40,9 +40,12 @@ type conn struct {
 	subs    map[string]*subscription
 	dueSeen *idFIFO[dueKey]
 
-	q        *sendQueue
-	inbox    *inbox // live deliveries to match (deliverLoop)
-	querySem chan struct{}
+	q     *sendQueue
+	inbox *inbox // live deliveries to match (deliverLoop)
+	// deliverMu serializes matching what the inbox holds (drainInbox): the order of deliveries
+	// to one connection is the fan-out's.
+	deliverMu sync.Mutex
+	querySem  chan struct{}
 	// initialHeld is what this connection's initial answers hold of the process-wide budget.
 	initialHeld atomic.Int64
 	// pong carries the payload of the latest client ping to the write loop, which answers it.

@@ -107,11 +107,11 @@ func (s *Server) deliver(d live) {
 
 // dropSnapshots makes every subscription forget its query's snapshot: the stream restarted on a
 // new slot (after a failover, say), and WAL positions and transaction ids from before it may be
-// reused. Queued behind each connection's deliveries from before the restart, which the old
-// snapshots still judge.
+// reused. Each connection first matches the deliveries from before the restart, which the old
+// snapshots still judge: on this goroutine, but only at a restart.
 func (s *Server) dropSnapshots() {
 	for _, c := range s.snapshotConns() {
-		c.inbox.put(inboxItem{dropSnap: true}, 0, nil, "")
+		c.drainInbox(c.dropSnapshots)
 	}
 }
 

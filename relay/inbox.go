@@ -21,21 +21,19 @@ type inbox struct {
 	wake   chan struct{} // capacity 1
 }
 
-// inboxItem is one delivery for one connection: the event, its JSON and tag index (shared by every
-// connection), or a marker that the stream restarted (dropSnap), queued behind the deliveries
-// that came before the restart.
+// inboxItem is one delivery for one connection: the event, its JSON and tag index, all shared by
+// every connection it goes to.
 type inboxItem struct {
-	d        live
-	js       []byte
-	ix       tagIndex
-	dropSnap bool
+	d  live
+	js []byte
+	ix tagIndex
 }
 
 func newInbox() *inbox { return &inbox{wake: make(chan struct{}, 1)} }
 
 // put queues it unless the inbox holds limit entries already ("inbox") or the client's
-// connections together hold their share of entries while this one holds some ("ip_inbox"); a
-// marker is always taken. It returns "" when queued, "closed" after close.
+// connections together hold their share of entries while this one holds some ("ip_inbox"). It
+// returns "" when queued, "closed" after close.
 // An empty inbox always takes one entry: a connection that keeps up is never refused for its
 // neighbours' backlog.
 func (b *inbox) put(it inboxItem, limit int, ip *ipCounts, key string) string {
@@ -44,7 +42,6 @@ func (b *inbox) put(it inboxItem, limit int, ip *ipCounts, key string) string {
 	case b.closed:
 		b.mu.Unlock()
 		return "closed"
-	case it.dropSnap:
 	case len(b.items) >= limit:
 		b.mu.Unlock()
 		return "inbox"
@@ -68,13 +65,7 @@ func (b *inbox) next(ip *ipCounts, key string) []inboxItem {
 	items := b.items
 	b.items = nil
 	b.mu.Unlock()
-	n := 0
-	for _, it := range items {
-		if !it.dropSnap {
-			n++
-		}
-	}
-	ip.sub(key, n)
+	ip.sub(key, len(items))
 	metrics.DeliveryInbox.Sub(float64(len(items)))
 	return items
 }
@@ -101,19 +92,28 @@ func (c *conn) deliverLoop() {
 	for {
 		select {
 		case <-c.inbox.wake:
+			c.drainInbox(nil)
 		case <-c.ctx.Done():
 			return
 		}
-		for _, it := range c.inbox.next(c.s.ipInbox, c.ip) {
-			if c.ctx.Err() != nil {
-				return
-			}
-			if it.dropSnap {
-				c.dropSnapshots()
-				continue
-			}
-			c.deliverSafely(it)
+	}
+}
+
+// drainInbox matches what c's inbox holds now, on the caller's goroutine, then runs then (if not
+// nil) before any later delivery is matched. A REQ sets its query's snapshot this way (runInitial):
+// every event the fan-out handed over before the query returned is judged as before, without a
+// snapshot, as when the fan-out matched it itself; so does a stream restart (dropSnapshots).
+func (c *conn) drainInbox(then func()) {
+	c.deliverMu.Lock()
+	defer c.deliverMu.Unlock()
+	for _, it := range c.inbox.next(c.s.ipInbox, c.ip) {
+		if c.ctx.Err() != nil {
+			break // the rest was given back by next; nothing is sent any more
 		}
+		c.deliverSafely(it)
+	}
+	if then != nil {
+		then()
 	}
 }
 
@@ -128,6 +128,7 @@ func (c *conn) deliverSafely(it inboxItem) {
 }
 
 // dropSnapshots makes every subscription of c forget its query's snapshot (StreamRestarted).
+// Caller holds deliverMu (drainInbox), so the deliveries from before the restart are judged first.
 func (c *conn) dropSnapshots() {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -26,8 +26,8 @@ type Config struct {
 	// default 256 MiB (dedupBudget): past it, windows stop growing beyond dedupMinWindow ids.
 	DedupBytes int64
 	// InboxEvents bounds the live deliveries waiting in one connection's inbox to be matched
-	// (inbox.go), default 1024; InboxEventsPerIP those of one client IP's connections together,
-	// default 16384. A connection over either while it has a backlog of its own is closed as a
+	// (inbox.go), default 8192; InboxEventsPerIP those of one client IP's connections together,
+	// default 65536 (an entry is about 120 bytes; the event it points to is shared). A connection over either while it has a backlog of its own is closed as a
 	// slow client.
 	InboxEvents      int
 	InboxEventsPerIP int
@@ -134,8 +134,8 @@ func (c *Config) applyDefaults() error {
 	def(&c.MaxSubscriptions, 32)
 	def(&c.MaxSubscriptionsPerIP, 4096)
 	def(&c.MaxSubscriptionsTotal, 100000)
-	def(&c.InboxEvents, 1024)
-	def(&c.InboxEventsPerIP, 16384)
+	def(&c.InboxEvents, 8192)
+	def(&c.InboxEventsPerIP, 65536)
 	if c.DedupBytes <= 0 {
 		c.DedupBytes = 256 << 20
 	}

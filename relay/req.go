@@ -127,9 +127,13 @@ func (c *conn) runInitial(sub *subscription, before []evt.Delivery) {
 	// filter with limit 0, which had no query, and no row sent them: sentAsRow): the query
 	// answered them, or passed them over (limit, budget, replaced, deleted). Those that came live
 	// while it ran are in seen, and their rows are skipped below.
-	sub.mu.Lock()
-	sub.snap = snap
-	sub.mu.Unlock()
+	// What the fan-out handed this connection before now is matched first, without the snapshot
+	// (drainInbox), as when the fan-out matched every delivery itself.
+	c.drainInbox(func() {
+		sub.mu.Lock()
+		sub.snap = snap
+		sub.mu.Unlock()
+	})
 	for i, r := range rows {
 		key := keyOf(r.id)
 		sent := sub.sendLocked(c, eventMessage(sub.prefix, r.json), func() bool {
