@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -267,6 +268,9 @@ func (c *conn) writeQueued(ping <-chan time.Time) bool {
 		// does not renew: trickling events must not keep a silent connection for good.
 		if !c.q.empty() {
 			_ = c.ws.SetReadDeadline(timeNow().Add(c.s.readWait))
+			// A backlog is written one batch per turn, as deliverLoop matches one event per
+			// turn: other connections' writes do not wait for a whole time slice behind it.
+			runtime.Gosched()
 		}
 		// A client's ping is answered, and the relay's own keepalive ping sent when
 		// due, between batches, not after the queue runs dry (a steady stream to a

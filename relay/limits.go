@@ -27,7 +27,7 @@ type Config struct {
 	DedupBytes int64
 	// InboxEvents bounds the live deliveries waiting in one connection's inbox to be matched
 	// (inbox.go), default 8192; InboxEventsPerIP those of one client IP's connections together,
-	// default 65536 (an entry is about 120 bytes; the event it points to is shared). A connection over either while it has a backlog of its own is closed as a
+	// default 32768 (an entry is about 120 bytes; the event it points to is shared). A connection over either while it has a backlog of its own is closed as a
 	// slow client.
 	InboxEvents      int
 	InboxEventsPerIP int
@@ -135,7 +135,7 @@ func (c *Config) applyDefaults() error {
 	def(&c.MaxSubscriptionsPerIP, 4096)
 	def(&c.MaxSubscriptionsTotal, 100000)
 	def(&c.InboxEvents, 8192)
-	def(&c.InboxEventsPerIP, 65536)
+	def(&c.InboxEventsPerIP, 32768)
 	if c.DedupBytes <= 0 {
 		c.DedupBytes = 256 << 20
 	}

@@ -159,7 +159,7 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	fs.IntVar(&c.MaxSubs, "max-subscriptions", envInt("BUZZ_MAX_SUBSCRIPTIONS", 100000), "live subscriptions of the process; over it a REQ is CLOSED restricted: (BUZZ_MAX_SUBSCRIPTIONS)")
 	fs.IntVar(&c.DedupMB, "dedup-mb", envInt("BUZZ_DEDUP_MB", 256), "MiB the subscriptions' de-duplication windows hold together; past it windows stop growing (BUZZ_DEDUP_MB)")
 	fs.IntVar(&c.InboxEvents, "inbox-events", envInt("BUZZ_INBOX_EVENTS", 8192), "live events waiting to be matched against one connection's subscriptions; past it the connection is closed as slow (BUZZ_INBOX_EVENTS)")
-	fs.IntVar(&c.IPInboxEvents, "ip-inbox-events", envInt("BUZZ_IP_INBOX_EVENTS", 65536), "the same across one client IP's connections (BUZZ_IP_INBOX_EVENTS)")
+	fs.IntVar(&c.IPInboxEvents, "ip-inbox-events", envInt("BUZZ_IP_INBOX_EVENTS", 32768), "the same across one client IP's connections (BUZZ_IP_INBOX_EVENTS)")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", envDur("BUZZ_SHUTDOWN_GRACE", 10*time.Second), "how long graceful shutdown may take (BUZZ_SHUTDOWN_GRACE)")
 	fs.IntVar(&c.ReminderBatch, "reminder-batch", envInt("BUZZ_REMINDER_BATCH", 1000), "reminders claimed and confirmed per transaction (BUZZ_REMINDER_BATCH)")
 	fs.StringVar(&c.MetricsListen, "metrics-listen", envStr("BUZZ_METRICS_LISTEN", ""), "address for /metrics and a detailed /readyz, off when empty; keep it private (BUZZ_METRICS_LISTEN)")
