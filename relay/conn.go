@@ -41,12 +41,8 @@ type conn struct {
 	subs    map[string]*subscription
 	dueSeen *idFIFO[dueKey]
 
-	q     *sendQueue
-	inbox *inbox // live deliveries to match (deliverLoop)
-	// deliverMu serializes matching what the inbox holds (drainInbox): the order of deliveries
-	// to one connection is the fan-out's.
-	deliverMu sync.Mutex
-	querySem  chan struct{}
+	q        *sendQueue
+	querySem chan struct{}
 	// initialHeld is what this connection's initial answers hold of the process-wide budget.
 	initialHeld atomic.Int64
 	// pong carries the payload of the latest client ping to the write loop, which answers it.
@@ -64,6 +60,11 @@ type conn struct {
 	closeReason atomic.Value // string: why the connection ended (first reason wins)
 	closing     atomic.Pointer[closeInfo]
 	writerDone  chan struct{}
+
+	inbox *inbox // live deliveries to match (deliverLoop)
+	// deliverMu serializes matching what the inbox holds (drainInbox): the order of deliveries
+	// to one connection is the fan-out's.
+	deliverMu   sync.Mutex
 	deliverDone chan struct{}
 }
 
@@ -72,23 +73,22 @@ func newConn(s *Server, ws *websocket.Conn, r *http.Request, relayURL, ip, key s
 	_, _ = rand.Read(b[:])
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &conn{
-		s:           s,
-		ws:          ws,
-		id:          s.nextID.Add(1),
-		challenge:   hex.EncodeToString(b[:]),
-		relayURL:    relayURL,
-		ctx:         ctx,
-		cancel:      cancel,
-		subs:        map[string]*subscription{},
-		dueSeen:     newIDFIFO[dueKey](duePerConn),
-		q:           newSendQueue(s.cfg.SendQueueBytes),
-		querySem:    make(chan struct{}, s.cfg.MaxQueriesInFlight),
-		writerDone:  make(chan struct{}),
-		inbox:       newInbox(),
-		deliverDone: make(chan struct{}),
-		pong:        make(chan string, 1),
-		ip:          key,
+		s:          s,
+		ws:         ws,
+		id:         s.nextID.Add(1),
+		challenge:  hex.EncodeToString(b[:]),
+		relayURL:   relayURL,
+		ctx:        ctx,
+		cancel:     cancel,
+		subs:       map[string]*subscription{},
+		dueSeen:    newIDFIFO[dueKey](duePerConn),
+		q:          newSendQueue(s.cfg.SendQueueBytes),
+		querySem:   make(chan struct{}, s.cfg.MaxQueriesInFlight),
+		writerDone: make(chan struct{}),
+		pong:       make(chan string, 1),
+		ip:         key,
 	}
+	c.inbox, c.deliverDone = newInbox(), make(chan struct{})
 	if s.cfg.EventRate > 0 {
 		c.eventBucket = newTokenBucket(s.cfg.EventRate, s.cfg.EventBurst)
 	}
