@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -60,6 +61,12 @@ type conn struct {
 	pipe        *pipeline    // EVENTs read and not yet answered (pipeline.go)
 	closing     atomic.Pointer[closeInfo]
 	writerDone  chan struct{}
+
+	inbox *inbox // live deliveries to match (deliverLoop)
+	// deliverMu serializes matching what the inbox holds (drainInbox): the order of deliveries
+	// to one connection is the fan-out's.
+	deliverMu   sync.Mutex
+	deliverDone chan struct{}
 }
 
 func newConn(s *Server, ws *websocket.Conn, r *http.Request, relayURL, ip, key string) *conn {
@@ -83,6 +90,7 @@ func newConn(s *Server, ws *websocket.Conn, r *http.Request, relayURL, ip, key s
 		ip:         key,
 		pipe:       newPipeline(),
 	}
+	c.inbox, c.deliverDone = newInbox(), make(chan struct{})
 	if s.cfg.EventRate > 0 {
 		c.eventBucket = newTokenBucket(s.cfg.EventRate, s.cfg.EventBurst)
 	}
@@ -117,6 +125,7 @@ func (c *conn) run() {
 	})
 	go c.writeLoop()
 	go c.pipelineLoop()
+	go c.deliverLoop()
 	c.log.Debug("connected")
 	c.send(marshalArray("AUTH", c.challenge))
 
@@ -154,6 +163,8 @@ func (c *conn) run() {
 	c.kill(reason)
 	<-c.writerDone
 	<-c.pipe.done
+	<-c.deliverDone
+	c.inbox.close(c.s.ipInbox, c.ip)
 	c.mu.Lock()
 	for id, sub := range c.subs {
 		sub.close()
@@ -266,6 +277,9 @@ func (c *conn) writeQueued(ping <-chan time.Time) bool {
 		// does not renew: trickling events must not keep a silent connection for good.
 		if !c.q.empty() {
 			_ = c.ws.SetReadDeadline(timeNow().Add(c.s.readWait))
+			// A backlog is written one batch per turn, as deliverLoop matches one event per
+			// turn: other connections' writes do not wait for a whole time slice behind it.
+			runtime.Gosched()
 		}
 		// A client's ping is answered, and the relay's own keepalive ping sent when
 		// due, between batches, not after the queue runs dry (a steady stream to a
@@ -423,6 +437,12 @@ func (c *conn) overflow(why string) {
 		return
 	}
 	switch why {
+	case "inbox", "ip_inbox":
+		// Its live deliveries wait to be matched faster than its goroutine matches them: too many
+		// subscriptions for the events it asks for, or a share of the CPU too small for them.
+		metrics.SlowClientsClosed.WithLabelValues(why).Inc()
+		c.log.Warn("live deliveries waiting to be matched over the bound, closing slow client", "bound", why,
+			"inbox_events", c.s.cfg.InboxEvents, "ip_inbox_events", c.s.cfg.InboxEventsPerIP)
 	case "client":
 		metrics.SlowClientsClosed.WithLabelValues("client_share").Inc()
 		c.log.Warn("send queues of this client over its share, closing slow client", "share_bytes", c.s.cfg.SendClientShare)

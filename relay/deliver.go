@@ -48,7 +48,9 @@ func (s *Server) StreamRestarted() {
 	s.dropSnapshots()
 }
 
-// deliver never waits for a client: a connection whose send queue is full is closed as a slow
+// deliver never waits for a client, nor matches for one: it finds the candidate connections,
+// checks the read gate and hands the event to each one's inbox (inbox.go), where the connection's
+// own goroutine matches it; a connection whose inbox or send queue is full is closed as a slow
 // reader. The only wait is a member-set lookup for a DM not seen before that a subscription here
 // matches (then cached until an operator's edit of its member rows is announced, which
 // MembersChanged receives, and checks against one snapshot read). A lookup that fails, or that
@@ -99,22 +101,17 @@ func (s *Server) deliver(d live) {
 		if js == nil {
 			js = eventJSON(d.Event)
 		}
-		c.deliver(d, js, ix)
+		c.queueLive(d, js, ix)
 	}
 }
 
 // dropSnapshots makes every subscription forget its query's snapshot: the stream restarted on a
 // new slot (after a failover, say), and WAL positions and transaction ids from before it may be
-// reused.
+// reused. Each connection first matches the deliveries from before the restart, which the old
+// snapshots still judge: on this goroutine, but only at a restart.
 func (s *Server) dropSnapshots() {
 	for _, c := range s.snapshotConns() {
-		c.mu.Lock()
-		for _, sub := range c.subs {
-			sub.mu.Lock()
-			sub.dropSnapshot()
-			sub.mu.Unlock()
-		}
-		c.mu.Unlock()
+		c.drainInbox(c.dropSnapshots)
 	}
 }
 

@@ -402,3 +402,11 @@ func holdAll(t testing.TB, pool *pgxpool.Pool) (release func()) {
 func publicDelivery(ev *nostr.Event) evt.Delivery {
 	return evt.Delivery{Event: ev, Scope: evt.Scope{Kind: evt.ScopePublic}}
 }
+
+// drainInboxes matches every live delivery handed over so far, for tests that look at a send
+// queue right after DeliverEvent: each connection matches on its own goroutine (inbox.go).
+func (s *Server) drainInboxes() {
+	for _, c := range s.snapshotConns() {
+		c.drainInbox(nil)
+	}
+}

@@ -19,12 +19,24 @@ type Config struct {
 	// MaxSubscriptionsPerIP bounds live subscriptions per client IP across its connections,
 	// default 4096 (ipSlots): an office behind one address, not 1,000 connections' 32 each.
 	MaxSubscriptionsPerIP int
-	MaxFilters            int   // per REQ/COUNT, default 16
-	MaxLimit              int   // default 5000
-	DefaultLimit          int   // default 500
-	MaxEventTags          int   // default 2000
-	MaxContentLength      int   // unicode characters (NIP-11), default 65536
-	MaxFutureSeconds      int64 // created_at upper bound relative to now, default 900
+	// MaxSubscriptionsTotal bounds live subscriptions across the process, default 100,000: with
+	// DedupBytes that bounds what they hold (finding 5 of issue 29: 8,192 busy ones took 800 MB).
+	MaxSubscriptionsTotal int
+	// DedupBytes bounds the memory of the subscriptions' de-duplication windows together,
+	// default 256 MiB (dedupBudget): past it, windows stop growing beyond dedupMinWindow ids.
+	DedupBytes int64
+	// InboxEvents bounds the live deliveries waiting in one connection's inbox to be matched
+	// (inbox.go), default 8192; InboxEventsPerIP those of one client IP's connections together,
+	// default 32768 (an entry is about 120 bytes; the event it points to is shared). A connection over either while it has a backlog of its own is closed as a
+	// slow client.
+	InboxEvents      int
+	InboxEventsPerIP int
+	MaxFilters       int   // per REQ/COUNT, default 16
+	MaxLimit         int   // default 5000
+	DefaultLimit     int   // default 500
+	MaxEventTags     int   // default 2000
+	MaxContentLength int   // unicode characters (NIP-11), default 65536
+	MaxFutureSeconds int64 // created_at upper bound relative to now, default 900
 	// SendQueueBytes bounds a connection's send queue, default 4 MiB. The copies of one event for
 	// several subscriptions go in as one unit (sendQueue.offer), so the queue may pass it by up to
 	// MaxSubscriptions copies of one event (about twice MaxMessageLength each, as written).
@@ -126,6 +138,12 @@ func (c *Config) applyDefaults() error {
 	def(&c.MaxMessageLength, 131072)
 	def(&c.MaxSubscriptions, 32)
 	def(&c.MaxSubscriptionsPerIP, 4096)
+	def(&c.MaxSubscriptionsTotal, 100000)
+	def(&c.InboxEvents, 8192)
+	def(&c.InboxEventsPerIP, 32768)
+	if c.DedupBytes <= 0 {
+		c.DedupBytes = 256 << 20
+	}
 	def(&c.MaxFilters, 16)
 	def(&c.MaxLimit, 5000)
 	def(&c.DefaultLimit, 500)

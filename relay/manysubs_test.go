@@ -130,6 +130,7 @@ func TestReaderThatStopsIsClosedDespiteManySubscriptions(t *testing.T) {
 		ev := signed(sk, 1, strings.Repeat("x", 60000), nostr.Timestamp(int64(nostr.Now())+int64(i)))
 		one := len(eventMessage(eventPrefix("m0"), eventJSON(&ev)))
 		tr.s.DeliverEvent(publicDelivery(&ev))
+		tr.s.drainInboxes()
 		sc.q.mu.Lock()
 		size, closed := sc.q.size, sc.q.closed
 		sc.q.mu.Unlock()

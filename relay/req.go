@@ -72,8 +72,14 @@ func (c *conn) register(sub *subscription) bool {
 	if !c.s.ipSubs.take(c.ip) {
 		return refuse("ip", fmt.Sprintf("restricted: too many subscriptions from your address across its connections (max %d); close some first", c.s.cfg.MaxSubscriptionsPerIP))
 	}
+	if !c.s.allSubs.take("") {
+		c.s.ipSubs.give(c.ip)
+		return refuse("process", fmt.Sprintf("restricted: the relay holds as many subscriptions as it may (max %d); try again later", c.s.cfg.MaxSubscriptionsTotal))
+	}
 	sub.mu.Lock()
 	sub.slot, sub.slotKey = c.s.ipSubs, c.ip // given back by sub.close, however it ends
+	sub.allSlot = c.s.allSubs
+	sub.seen.budget = c.s.dedup // its window grows within the process's budget from now on
 	sub.mu.Unlock()
 	c.subs[sub.id] = sub
 	// Counted from here on: a Deliver that looked for candidates before this line skips this
@@ -121,9 +127,13 @@ func (c *conn) runInitial(sub *subscription, before []evt.Delivery) {
 	// filter with limit 0, which had no query, and no row sent them: sentAsRow): the query
 	// answered them, or passed them over (limit, budget, replaced, deleted). Those that came live
 	// while it ran are in seen, and their rows are skipped below.
-	sub.mu.Lock()
-	sub.snap = snap
-	sub.mu.Unlock()
+	// What the fan-out handed this connection before now is matched first, without the snapshot
+	// (drainInbox), as when the fan-out matched every delivery itself.
+	c.drainInbox(func() {
+		sub.mu.Lock()
+		sub.snap = snap
+		sub.mu.Unlock()
+	})
 	for i, r := range rows {
 		key := keyOf(r.id)
 		sent := sub.sendLocked(c, eventMessage(sub.prefix, r.json), func() bool {

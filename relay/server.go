@@ -46,6 +46,9 @@ type Server struct {
 	ipInitial     *ipBytes        // the same per client IP (InitialResultPerIP)
 	sends         *sendBudget     // bytes in send queues, across connections and per client IP
 	ipSubs        *ipSlots        // live subscriptions per client IP (MaxSubscriptionsPerIP)
+	allSubs       *ipSlots        // live subscriptions of the process, under one key (MaxSubscriptionsTotal)
+	dedup         *dedupBudget    // ids held by the subscriptions' de-dup windows (DedupBytes)
+	ipInbox       *ipCounts       // live deliveries waiting in inboxes per client IP (InboxEventsPerIP)
 	ipQueries     *ipQueries      // REQ/COUNT queries (and gate lookups) in flight per client IP
 	acceptErrLog  logx.Sampler
 
@@ -135,6 +138,9 @@ func New(cfg Config, acceptPool, queryPool *pgxpool.Pool) (*Server, error) {
 	s.ipInitial = newIPBytes(cfg.InitialResultPerIP)
 	s.sends = newSendBudget(cfg.SendBudget, cfg.SendClientShare)
 	s.ipSubs = newIPSlots(cfg.MaxSubscriptionsPerIP)
+	s.allSubs = newIPSlots(cfg.MaxSubscriptionsTotal)
+	s.dedup = newDedupBudget(cfg.DedupBytes)
+	s.ipInbox = newIPCounts(cfg.InboxEventsPerIP)
 	metrics.SetSendQueued(s.sends.total.Load)
 	if cfg.MaxQueriesPerIP <= 0 {
 		cfg.MaxQueriesPerIP = max(1, int(queryPool.Config().MaxConns)/2)

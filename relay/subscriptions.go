@@ -46,6 +46,7 @@ type subscription struct {
 	// at close; nil before and after.
 	slot    *ipSlots
 	slotKey string
+	allSlot *ipSlots // the process's count (MaxSubscriptionsTotal), the same way
 }
 
 // answered reports whether the initial query's snapshot saw d's transaction: the query answered
@@ -137,14 +138,18 @@ func (s *subscription) close() {
 	s.closed = true
 	counted, c := s.counted, s.countedFor
 	s.counted, s.countedFor = nil, nil
-	slot, key := s.slot, s.slotKey
-	s.slot = nil
+	slot, key, all := s.slot, s.slotKey, s.allSlot
+	s.slot, s.allSlot = nil, nil
+	s.seen.release()
 	s.mu.Unlock()
 	if counted != nil {
 		counted.change(c, s, -1)
 	}
 	if slot != nil {
 		slot.give(key)
+	}
+	if all != nil {
+		all.give("")
 	}
 	s.cancel()
 	if !was {
@@ -171,11 +176,14 @@ type dueKey struct {
 }
 
 // idFIFO is a set that remembers the most recent cap keys: bounded memory for de-duplication.
+// With a budget (subscription windows), it grows past dedupMinWindow only while the budget has
+// room; a window that stopped short forgets its oldest key for each new one instead.
 type idFIFO[K comparable] struct {
-	set  map[K]struct{}
-	ring []K
-	next int
-	cap  int
+	set    map[K]struct{}
+	ring   []K
+	next   int // the oldest key once the ring has wrapped, else 0
+	cap    int
+	budget *dedupBudget
 }
 
 func newIDFIFO[K comparable](capacity int) *idFIFO[K] {
@@ -192,12 +200,15 @@ func (f *idFIFO[K]) add(k K) bool {
 	if _, ok := f.set[k]; ok {
 		return false
 	}
-	if len(f.ring) < f.cap {
+	// Only a ring that never wrapped grows: appending after a wrap would break the age order.
+	if len(f.ring) < f.cap && f.next == 0 && f.budget.take(len(f.ring)) {
 		f.ring = append(f.ring, k)
+	} else if len(f.ring) == 0 {
+		return true // a released window remembers nothing
 	} else {
 		delete(f.set, f.ring[f.next])
 		f.ring[f.next] = k
-		f.next = (f.next + 1) % f.cap
+		f.next = (f.next + 1) % len(f.ring)
 	}
 	f.set[k] = struct{}{}
 	return true
@@ -210,15 +221,23 @@ func (f *idFIFO[K]) shrink(n int) {
 		return
 	}
 	total := len(f.ring)
-	keep := make([]K, 0, n)
+	keep := make([]K, 0, min(n, total))
 	for i := max(0, total-n); i < total; i++ {
-		keep = append(keep, f.ring[(f.next+i)%total]) // f.next is the oldest once the ring is full, else 0
+		keep = append(keep, f.ring[(f.next+i)%total]) // f.next is the oldest once the ring has wrapped, else 0
 	}
+	f.budget.give(total - len(keep))
 	f.ring, f.next, f.cap = keep, 0, n
 	f.set = make(map[K]struct{}, len(keep))
 	for _, k := range keep {
 		f.set[k] = struct{}{}
 	}
+}
+
+// release forgets every key and gives them back to the budget: the subscription is closed.
+func (f *idFIFO[K]) release() {
+	f.budget.give(len(f.ring))
+	f.ring, f.next, f.cap, f.budget = nil, 0, 0, nil
+	f.set = map[K]struct{}{}
 }
 
 // handleClose ends a subscription (NIP-01 CLOSE); unknown ids are ignored.

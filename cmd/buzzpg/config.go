@@ -52,6 +52,10 @@ type serveConfig struct {
 	MaxConns         int // open WebSocket connections per process
 	IPMaxConns       int // of them from one client IP
 	IPMaxSubs        int // live subscriptions of one client IP across its connections
+	MaxSubs          int // live subscriptions of the process
+	DedupMB          int // memory of the subscriptions' de-duplication windows together
+	InboxEvents      int // live deliveries waiting to be matched, per connection
+	IPInboxEvents    int // and per client IP across its connections
 	ShutdownGrace    time.Duration
 	DBWait           time.Duration
 	ReminderBatch    int
@@ -161,6 +165,10 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	fs.IntVar(&c.MaxConns, "max-conns", envInt("BUZZ_MAX_CONNS", 10000), "open WebSocket connections per process; over it upgrades get 503 (BUZZ_MAX_CONNS)")
 	fs.IntVar(&c.IPMaxConns, "ip-max-conns", envInt("BUZZ_IP_MAX_CONNS", 1000), "open WebSocket connections per client IP; over it upgrades get 429 (BUZZ_IP_MAX_CONNS)")
 	fs.IntVar(&c.IPMaxSubs, "ip-max-subscriptions", envInt("BUZZ_IP_MAX_SUBSCRIPTIONS", 4096), "live subscriptions per client IP across its connections; over it a REQ is CLOSED restricted: (BUZZ_IP_MAX_SUBSCRIPTIONS)")
+	fs.IntVar(&c.MaxSubs, "max-subscriptions", envInt("BUZZ_MAX_SUBSCRIPTIONS", 100000), "live subscriptions of the process; over it a REQ is CLOSED restricted: (BUZZ_MAX_SUBSCRIPTIONS)")
+	fs.IntVar(&c.DedupMB, "dedup-mb", envInt("BUZZ_DEDUP_MB", 256), "MiB the subscriptions' de-duplication windows hold together; past it windows stop growing (BUZZ_DEDUP_MB)")
+	fs.IntVar(&c.InboxEvents, "inbox-events", envInt("BUZZ_INBOX_EVENTS", 8192), "live events waiting to be matched against one connection's subscriptions; past it the connection is closed as slow (BUZZ_INBOX_EVENTS)")
+	fs.IntVar(&c.IPInboxEvents, "ip-inbox-events", envInt("BUZZ_IP_INBOX_EVENTS", 32768), "the same across one client IP's connections (BUZZ_IP_INBOX_EVENTS)")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", envDur("BUZZ_SHUTDOWN_GRACE", 10*time.Second), "how long graceful shutdown may take (BUZZ_SHUTDOWN_GRACE)")
 	fs.IntVar(&c.ReminderBatch, "reminder-batch", envInt("BUZZ_REMINDER_BATCH", 1000), "reminders claimed and confirmed per transaction (BUZZ_REMINDER_BATCH)")
 	fs.StringVar(&c.MetricsListen, "metrics-listen", envStr("BUZZ_METRICS_LISTEN", ""), "address for /metrics and a detailed /readyz, off when empty; keep it private (BUZZ_METRICS_LISTEN)")
@@ -340,7 +348,8 @@ func (c *serveConfig) checkRanges() error {
 	}
 	for name, v := range map[string]int{"BUZZ_EVENT_BURST": c.EventBurst, "BUZZ_REQ_BURST": c.ReqBurst,
 		"BUZZ_REMINDER_BATCH": c.ReminderBatch, "BUZZ_RESULT_BUDGET_MB": c.ResultBudgetMB, "BUZZ_SEND_BUDGET_MB": c.SendBudgetMB,
-		"BUZZ_IP_MAX_SUBSCRIPTIONS": c.IPMaxSubs} {
+		"BUZZ_IP_MAX_SUBSCRIPTIONS": c.IPMaxSubs, "BUZZ_MAX_SUBSCRIPTIONS": c.MaxSubs, "BUZZ_DEDUP_MB": c.DedupMB,
+		"BUZZ_INBOX_EVENTS": c.InboxEvents, "BUZZ_IP_INBOX_EVENTS": c.IPInboxEvents} {
 		if v < 1 {
 			bad = append(bad, fmt.Sprintf("%s=%d must be at least 1", name, v))
 		}

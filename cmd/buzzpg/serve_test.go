@@ -73,6 +73,10 @@ func TestServeEnvironmentIsParsedStrictly(t *testing.T) {
 		{"BUZZ_RESULT_IP_SHARE_MB", "-1"},
 		{"BUZZ_SEND_BUDGET_MB", "0"},
 		{"BUZZ_IP_MAX_SUBSCRIPTIONS", "0"},
+		{"BUZZ_MAX_SUBSCRIPTIONS", "0"},
+		{"BUZZ_DEDUP_MB", "0"},
+		{"BUZZ_INBOX_EVENTS", "-1"},
+		{"BUZZ_IP_INBOX_EVENTS", "0"},
 		{"BUZZ_SEND_BUDGET_MB", "3"},
 		{"BUZZ_SEND_IP_SHARE_MB", "-1"},
 		{"BUZZ_SEND_IP_SHARE_MB", "2048"},                  // more than the 1024 MiB budget

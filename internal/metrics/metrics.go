@@ -47,11 +47,18 @@ var (
 		Name: "buzz_subscriptions", Help: "Live subscriptions across connections.",
 	})
 	SlowClientsClosed = promauto.NewCounterVec(prometheus.CounterOpts{
-		Name: "buzz_slow_clients_closed_total", Help: "Connections closed for not reading: their send queue overflowed (overflow), their client's queues together passed its share of the send budget (client_share), every queue together passed the budget (send_budget), or a write to them timed out (write_timeout).",
+		Name: "buzz_slow_clients_closed_total", Help: "Connections closed for not reading: their send queue overflowed (overflow), their client's queues together passed its share of the send budget (client_share), every queue together passed the budget (send_budget), a write to them timed out (write_timeout), or live deliveries waited to be matched past their inbox's bound (inbox) or their client's (ip_inbox).",
 	}, []string{"reason"})
 	SubscriptionsRefused = promauto.NewCounterVec(prometheus.CounterOpts{
-		Name: "buzz_subscriptions_refused_total", Help: "REQs CLOSED restricted: for a bound on live subscriptions: the connection's (connection), its filter values (filter_values), or its client IP's across connections (ip).",
+		Name: "buzz_subscriptions_refused_total", Help: "REQs CLOSED restricted: for a bound on live subscriptions: the connection's (connection), its filter values (filter_values), its client IP's across connections (ip), or the process's (process).",
 	}, []string{"bound"})
+	// Fair delivery and the process-wide bounds (issue 29, findings 4 and 5).
+	DeliveryInbox = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "buzz_delivery_inbox", Help: "Live deliveries waiting in connections' inboxes to be matched against their subscriptions (bounded by BUZZ_INBOX_EVENTS and BUZZ_IP_INBOX_EVENTS).",
+	})
+	DedupBytes = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "buzz_dedup_bytes", Help: "Approximate bytes held by the subscriptions' de-duplication windows (bounded by BUZZ_DEDUP_MB).",
+	})
 	// SendQueuedBytes is what waits in the connections' send queues (live events, replies and
 	// initial results not yet written to a socket): what the send budget bounds. Read from the
 	// relay's own count when scraped (SetSendQueued), not kept up to date on every push.
@@ -158,10 +165,10 @@ func init() {
 	for _, v := range []string{"query", "connection", "ip", "budget"} {
 		InitialTruncated.WithLabelValues(v)
 	}
-	for _, v := range []string{"connection", "filter_values", "ip"} {
+	for _, v := range []string{"connection", "filter_values", "ip", "process"} {
 		SubscriptionsRefused.WithLabelValues(v)
 	}
-	for _, v := range []string{"overflow", "client_share", "send_budget", "write_timeout"} {
+	for _, v := range []string{"overflow", "client_share", "send_budget", "write_timeout", "inbox", "ip_inbox"} {
 		SlowClientsClosed.WithLabelValues(v)
 	}
 }

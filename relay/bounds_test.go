@@ -1,0 +1,158 @@
+package relay
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/buzzpg/buzzpg/internal/metrics"
+	"github.com/buzzpg/buzzpg/internal/testenv"
+)
+
+// Issue 29, finding 5: nothing bounded the live subscriptions of the process, whose
+// de-duplication windows took it from 139 MB to 960 MB. TestSubscriptionsPerProcess: past
+// MaxSubscriptionsTotal a REQ from any address is CLOSED restricted: and counted
+// (bound="process"), takes no per-IP place, and a place comes back when a subscription ends.
+func TestSubscriptionsPerProcess(t *testing.T) {
+	tr := startRelay(t, func(c *Config) { c.MaxSubscriptionsTotal = 3 })
+	f := nostr.Filter{Kinds: []int{1}, Limit: 1}
+	open := func(c *client, id string) string {
+		t.Helper()
+		_, closed := c.reqOrClosed(id, f)
+		return closed
+	}
+	held := func() int {
+		tr.s.allSubs.mu.Lock()
+		defer tr.s.allSubs.mu.Unlock()
+		return tr.s.allSubs.held[""]
+	}
+	refusedBefore := testutil.ToFloat64(metrics.SubscriptionsRefused.WithLabelValues("process"))
+	a, _ := tr.dialFrom(t, "127.0.0.10", false)
+	b, _ := tr.dialFrom(t, "127.0.0.11", false)
+	for _, step := range []struct {
+		c      *client
+		id     string
+		closed bool
+	}{{a, "a1", false}, {a, "a2", false}, {b, "b1", false}, {b, "b2", true}, {a, "a3", true}, {a, "a1", false}} {
+		got := open(step.c, step.id)
+		if step.closed != (got != "") || (got != "" && !strings.HasPrefix(got, "restricted: the relay holds as many subscriptions")) {
+			t.Fatalf("REQ %s: CLOSED %q, want closed %v", step.id, got, step.closed)
+		}
+	}
+	if n := testutil.ToFloat64(metrics.SubscriptionsRefused.WithLabelValues("process")) - refusedBefore; n != 2 {
+		t.Fatalf("refusals counted %v, want 2", n)
+	}
+	if n := held(); n != 3 {
+		t.Fatalf("the process holds %d places, want 3", n)
+	}
+	tr.s.ipSubs.mu.Lock()
+	ipB := tr.s.ipSubs.held["127.0.0.11"]
+	tr.s.ipSubs.mu.Unlock()
+	if ipB != 1 {
+		t.Fatalf("127.0.0.11 holds %d per-IP places, want 1 (a refused REQ takes none)", ipB)
+	}
+	a.ws.Close()
+	for deadline := time.Now().Add(10 * time.Second); held() != 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after a's connection ended the process holds %d places, want 1", held())
+		}
+	}
+	if got := open(b, "b2"); got != "" {
+		t.Fatalf("REQ after places came back: CLOSED %q", got)
+	}
+}
+
+// TestDedupWindowsWithinBudget: a window grows with what it is sent while the process's budget
+// has room; past it, windows stop at dedupMinWindow ids and forget their oldest, still refusing
+// the repeats they hold; closing gives every id back.
+func TestDedupWindowsWithinBudget(t *testing.T) {
+	b := newDedupBudget(int64(3 * dedupMinWindow * dedupIDBytes)) // room for three minimal windows
+	before := testutil.ToFloat64(metrics.DedupBytes)
+	key := func(w, i int) idKey { return idKey{byte(w), byte(i), byte(i >> 8)} }
+	windows := make([]*idFIFO[idKey], 4)
+	for w := range windows {
+		windows[w] = newIDFIFO[idKey](seenPerSub)
+		windows[w].budget = b
+	}
+	// The first window takes the whole budget and more: it grows while there is room.
+	for i := 0; i < 5*dedupMinWindow; i++ {
+		windows[0].add(key(0, i))
+	}
+	if n := len(windows[0].ring); n != 3*dedupMinWindow {
+		t.Fatalf("first window holds %d ids, want the budget's %d", n, 3*dedupMinWindow)
+	}
+	// The others still get their minimum, and no more.
+	for w := 1; w < 4; w++ {
+		for i := 0; i < 2*dedupMinWindow; i++ {
+			windows[w].add(key(w, i))
+		}
+		if n := len(windows[w].ring); n != dedupMinWindow {
+			t.Fatalf("window %d holds %d ids, want %d", w, n, dedupMinWindow)
+		}
+		if windows[w].add(key(w, 2*dedupMinWindow-1)) {
+			t.Fatalf("window %d took its newest id twice", w)
+		}
+		if !windows[w].add(key(w, 0)) {
+			t.Fatalf("window %d still holds its oldest id past its size", w)
+		}
+	}
+	// Exact on the budget; the gauge (buzz_dedup_bytes) is shared with whatever an earlier
+	// test's connections still give back, so it is only checked to have grown.
+	if got, want := b.held.Load(), int64(6*dedupMinWindow); got != want {
+		t.Fatalf("the budget holds %d ids, want %d", got, want)
+	}
+	if testutil.ToFloat64(metrics.DedupBytes)-before < float64(5*dedupMinWindow*dedupIDBytes) {
+		t.Fatalf("buzz_dedup_bytes grew by %v only", testutil.ToFloat64(metrics.DedupBytes)-before)
+	}
+	windows[0].shrink(dedupMinWindow)
+	for _, w := range windows {
+		w.release()
+	}
+	if b.held.Load() != 0 {
+		t.Fatalf("after release the budget holds %d ids, want 0", b.held.Load())
+	}
+}
+
+// TestInboxOverflowClosesTheSlowMatcher: a connection whose live deliveries wait to be matched
+// past InboxEvents is closed as a slow client (reason inbox), without the fan-out waiting for it,
+// while another connection gets every event; its entries are given back to its address.
+func TestInboxOverflowClosesTheSlowMatcher(t *testing.T) {
+	tr := startRelay(t, func(c *Config) { c.InboxEvents = 2 })
+	sk, pk := testenv.NewKey()
+	f := nostr.Filter{Authors: []string{pk}, LimitZero: true}
+	other := tr.dial(t)
+	other.req("o", f)
+	stuck, sc := tr.dialFrom(t, "127.0.0.12", false)
+	stuck.req("s", f)
+	before := testutil.ToFloat64(metrics.SlowClientsClosed.WithLabelValues("inbox"))
+	sc.deliverMu.Lock() // its goroutine matches nothing meanwhile
+	for i := 0; i < 4; i++ {
+		ev := signed(sk, 1, fmt.Sprint("e", i), nostr.Now())
+		tr.s.DeliverEvent(publicDelivery(&ev))
+		if got := other.nextEvent("o"); got.ID != ev.ID { // one at a time: its inbox never fills
+			t.Fatalf("the other connection got %s, want %s", got.ID, ev.ID)
+		}
+	}
+	sc.deliverMu.Unlock()
+	select {
+	case cc := <-tr.closed:
+		if cc.c != sc || cc.reason != "send queue overflow" {
+			t.Fatalf("closed conn %d (%q), want the stuck one for its inbox", cc.c.id, cc.reason)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stuck connection was not closed")
+	}
+	if n := testutil.ToFloat64(metrics.SlowClientsClosed.WithLabelValues("inbox")) - before; n != 1 {
+		t.Fatalf("inbox closes counted %v, want 1", n)
+	}
+	tr.s.ipInbox.mu.Lock()
+	left := tr.s.ipInbox.n["127.0.0.12"]
+	tr.s.ipInbox.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("127.0.0.12 still holds %d inbox entries after its connection ended", left)
+	}
+}
