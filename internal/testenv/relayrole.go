@@ -17,10 +17,14 @@ import (
 // `make run`).
 const RelayLogin = "buzz_relay_login"
 
-var (
-	relayLoginOnce sync.Once
-	relayLoginErr  error
-)
+// relayLogins remembers, per server (host:port), whether RelayLogin exists there: the chaos
+// soak and other tests start private clusters beside the shared one.
+var relayLogins sync.Map // host:port -> *relayLoginState
+
+type relayLoginState struct {
+	once sync.Once
+	err  error
+}
 
 // AsRole returns u with its user replaced by role (no password: the test server trusts loopback).
 func AsRole(t testing.TB, u, role string) string {
@@ -50,9 +54,11 @@ func relayURL(t testing.TB, dbURL string, asOwner bool) string {
 	if asOwner || p.User.Username() != admin.User.Username() || !schemaCurrent(dbURL) {
 		return dbURL
 	}
-	relayLoginOnce.Do(func() { relayLoginErr = ensureRelayLogin() })
-	if relayLoginErr != nil {
-		t.Logf("testenv: relays run as %s: cannot create role %s: %v", admin.User.Username(), RelayLogin, relayLoginErr)
+	v, _ := relayLogins.LoadOrStore(p.Host, &relayLoginState{})
+	st := v.(*relayLoginState)
+	st.once.Do(func() { st.err = ensureRelayLogin(dbURL) })
+	if st.err != nil {
+		t.Logf("testenv: relays run as %s: cannot create role %s: %v", admin.User.Username(), RelayLogin, st.err)
 		return dbURL
 	}
 	return AsRole(t, dbURL, RelayLogin)
@@ -75,12 +81,12 @@ func schemaCurrent(dbURL string) bool {
 	return !dirty && version == int64(db.LatestVersion())
 }
 
-// ensureRelayLogin creates RelayLogin once per server (roles are cluster-wide; the lock keeps
+// ensureRelayLogin creates RelayLogin on dbURL's server (roles are cluster-wide; the lock keeps
 // test binaries starting together from racing on it).
-func ensureRelayLogin() error {
+func ensureRelayLogin(dbURL string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := pgx.Connect(ctx, withDatabase(baseURL, "postgres"))
+	c, err := pgx.Connect(ctx, withDatabase(dbURL, "postgres"))
 	if err != nil {
 		return err
 	}
