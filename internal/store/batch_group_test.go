@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -41,18 +40,7 @@ func waitGroup(t *testing.T, c <-chan []store.Verdict, what string) []store.Verd
 func TestBatcherKeepsAGroupTogetherAndInOrder(t *testing.T) {
 	url := testenv.FreshDB(t)
 	h := newHeldBatcher(t, url)
-	var mu sync.Mutex
-	var orders [][]string
-	h.SetOnBatchKeys(func(keys []string) {
-		mu.Lock()
-		orders = append(orders, keys)
-		first := len(orders) == 1
-		mu.Unlock()
-		if first {
-			close(h.held)
-			<-h.release
-		}
-	})
+	keyOrders := h.recordKeyOrders()
 	u := testenv.NewUser()
 	first := h.hold(u)
 	single := h.sendGroup([]*nostr.Event{u.Event(t, 1, nil, "m")}, []string{"m"})
@@ -69,8 +57,7 @@ func TestBatcherKeepsAGroupTogetherAndInOrder(t *testing.T) {
 			t.Fatalf("group event %d: %+v", i, v)
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	orders := keyOrders()
 	if want := []string{"z", "a", "m"}; len(orders) != 2 || !slices.Equal(orders[1], want) {
 		t.Fatalf("calls ran in key orders %q, want the second %q", orders, want)
 	}

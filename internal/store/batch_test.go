@@ -111,6 +111,28 @@ func (h *heldBatcher) waitQueued(n int) {
 	}
 }
 
+// recordKeyOrders makes the batch hook record each call's keys, in the order the call runs them,
+// holding the first call as newHeldBatcher does; it returns a reader of what was recorded.
+func (h *heldBatcher) recordKeyOrders() func() [][]string {
+	var mu sync.Mutex
+	var orders [][]string
+	h.SetOnBatchKeys(func(keys []string) {
+		mu.Lock()
+		orders = append(orders, keys)
+		first := len(orders) == 1
+		mu.Unlock()
+		if first {
+			close(h.held)
+			<-h.release
+		}
+	})
+	return func() [][]string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(orders)
+	}
+}
+
 func (h *heldBatcher) callSizes() []int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -522,18 +544,7 @@ func TestBatcherLeavesOutAnEventWithNoTimeLeft(t *testing.T) {
 func TestBatcherRunsACallInChannelOrder(t *testing.T) {
 	url := testenv.FreshDB(t)
 	h := newHeldBatcher(t, url)
-	var mu sync.Mutex
-	var orders [][]string
-	h.SetOnBatchKeys(func(keys []string) {
-		mu.Lock()
-		orders = append(orders, keys)
-		first := len(orders) == 1
-		mu.Unlock()
-		if first {
-			close(h.held)
-			<-h.release
-		}
-	})
+	keyOrders := h.recordKeyOrders()
 	u := testenv.NewUser()
 	first := h.hold(u)
 	const unknownChannel = "00000000-0000-4000-8000-0000000000aa"
@@ -568,10 +579,8 @@ func TestBatcherRunsACallInChannelOrder(t *testing.T) {
 			t.Errorf("event with key %q: %+v, want %q", all[i].key, v, all[i].want)
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	want := []string{"", "00", unknownChannel, "b", "c"}
-	if len(orders) != 2 || !slices.Equal(orders[1], want) {
+	if orders := keyOrders(); len(orders) != 2 || !slices.Equal(orders[1], want) {
 		t.Fatalf("calls ran in key orders %q, want the second %q", orders, want)
 	}
 }
