@@ -7,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -52,17 +51,6 @@ func drillRun(t testing.TB, env []string, bin string, args ...string) string {
 		t.Fatalf("%s %s: %v\n%s", filepath.Base(bin), strings.Join(args, " "), err, out)
 	}
 	return string(out)
-}
-
-// drillAs is u with its user replaced by role (the test clusters trust local logins).
-func drillAs(t testing.TB, u, role string) string {
-	t.Helper()
-	p, err := url.Parse(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.User = url.User(role)
-	return p.String()
 }
 
 // drillRearm arms a cross-process hook again after it was released, by the file protocol of
