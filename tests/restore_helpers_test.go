@@ -5,7 +5,6 @@ package tests
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -94,15 +93,10 @@ func (m *drillDMs) open(u testenv.User, others ...testenv.User) string {
 		pks = append(pks, o.PK)
 	}
 	msg := m.c.MustPublish(u.Event(m.t, 41010, tags, ""))
-	var resp struct {
-		ChannelID string `json:"channel_id"`
-	}
-	if err := json.Unmarshal([]byte(strings.TrimPrefix(msg, "response:")), &resp); err != nil || resp.ChannelID == "" {
-		m.t.Fatalf("DM open answered %q", msg)
-	}
-	m.members[resp.ChannelID] = pks
-	m.set(u.PK, resp.ChannelID, false)
-	return resp.ChannelID
+	ch := testenv.DMChannelID(m.t, msg)
+	m.members[ch] = pks
+	m.set(u.PK, ch, false)
+	return ch
 }
 
 // hide sends a DM hide (41012) by u.
