@@ -164,10 +164,5 @@ func storedEventJSON(ev *nostr.Event, tagsJSON string) []byte {
 	w.RawString(`,"tags":`)
 	w.RawString(tagsJSON)
 	w.RawString(`,"content":`)
-	w.String(ev.Content)
-	w.RawString(`,"sig":`)
-	w.String(ev.Sig)
-	w.RawByte('}')
-	b, _ := w.BuildBytes()
-	return b
+	return finishEvent(w, ev)
 }
