@@ -77,12 +77,7 @@ func TestSchedulerStopDuringConfirmLetsItFinish(t *testing.T) {
 	s := NewScheduler(Config{InstanceID: "stopping", DatabaseURL: e.url, Lease: time.Hour,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))}, e.pool)
 	cancel, stopped := testenv.RunStoppable(t, s.Run) // its first batch claims the due reminder, confirm blocks
-	pid := blk.WaitBlocked()
-	cancel()
-	blk.Release()
-	stopped()
-	blk.WaitDone(pid)
-	blk.Drop()
+	blk.StopWhileBlocked(cancel, stopped)
 
 	t.Log(logs.String())
 	if strings.Contains(logs.String(), "outcome unknown") {
