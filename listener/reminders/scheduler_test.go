@@ -195,10 +195,16 @@ func TestSchedulerSleepsUntilNotBeforeAndEmitsOnce(t *testing.T) {
 	if st, _, _ := e.state(far.ID); st != "armed" {
 		t.Fatalf("far reminder %s", st)
 	}
-	// Rows are confirmed once the commit is in; the scheduler counts them once its call returns.
-	testenv.WaitUntil(t, 10*time.Second, "the scheduler counting its confirms", func() bool { return s.confirmed.Load() >= 2 })
-	if n := s.confirmed.Load(); n != 2 {
-		t.Fatalf("scheduler confirmed %d, want 2", n)
+	s.wantConfirmed(t, 2)
+}
+
+// wantConfirmed waits until the scheduler has counted n confirms, and fails on more. Rows are
+// confirmed once the commit is in; the scheduler counts them once its call returns.
+func (s *Scheduler) wantConfirmed(t *testing.T, n int64) {
+	t.Helper()
+	testenv.WaitUntil(t, 10*time.Second, "the scheduler counting its confirms", func() bool { return s.confirmed.Load() >= n })
+	if got := s.confirmed.Load(); got != n {
+		t.Fatalf("scheduler confirmed %d, want %d", got, n)
 	}
 }
 
@@ -263,11 +269,7 @@ func TestSchedulerUnknownOutcomeRereadsByStamp(t *testing.T) {
 	if due := e.dueStamps(); len(due[ev.ID]) != 1 {
 		t.Fatalf("due messages %v, want exactly one", due)
 	}
-	// The row is confirmed once the commit is in; the scheduler counts it once its call returns.
-	testenv.WaitUntil(t, 10*time.Second, "the scheduler counting its confirm", func() bool { return s.confirmed.Load() >= 1 })
-	if n := s.confirmed.Load(); n != 1 {
-		t.Fatalf("confirmed %d", n)
-	}
+	s.wantConfirmed(t, 1)
 }
 
 // The commit happened but the scheduler did not hear back: the re-read sees the row confirmed
