@@ -69,13 +69,7 @@ func TestBatcherFallbackKeepsAGroupInOrder(t *testing.T) {
 	url := testenv.FreshDB(t)
 	h := newHeldBatcher(t, url)
 	u := testenv.NewUser()
-	// accept_event serialises writers of a replaceable address with this advisory lock (0002).
-	locker := testenv.NewSession(t, url, "locker")
-	locker.Begin()
-	if _, err := locker.Tx.Exec(context.Background(),
-		`SELECT pg_advisory_xact_lock(hashtextextended('0:' || $1 || ':', 0))`, u.PK); err != nil {
-		t.Fatal(err)
-	}
+	locker := lockProfile(t, url, u.PK)
 	first := h.hold(u)
 	profile := u.Event(t, 0, nil, `{"name":"blocked"}`)
 	a, b := u.Event(t, 1, nil, "a"), u.Event(t, 1, nil, "b")

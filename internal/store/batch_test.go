@@ -59,6 +59,19 @@ func newHeldBatcher(t *testing.T, url string) *heldBatcher {
 	return h
 }
 
+// lockProfile holds, in an open transaction, the advisory lock with which accept_event serialises
+// writers of pk's profile (kind 0, a replaceable address; sql/0002_accept); Commit lets it go.
+func lockProfile(t *testing.T, url, pk string) *testenv.Session {
+	t.Helper()
+	locker := testenv.NewSession(t, url, "locker")
+	locker.Begin()
+	if _, err := locker.Tx.Exec(context.Background(),
+		`SELECT pg_advisory_xact_lock(hashtextextended('0:' || $1 || ':', 0))`, pk); err != nil {
+		t.Fatal(err)
+	}
+	return locker
+}
+
 type verdictOf struct {
 	ok  bool
 	msg string
@@ -261,13 +274,7 @@ func TestBatcherStoresABlockedEventAloneAndTheOthersAtOnce(t *testing.T) {
 	url := testenv.FreshDB(t)
 	h := newHeldBatcher(t, url)
 	u := testenv.NewUser()
-	// accept_event serialises writers of a replaceable address with this advisory lock (0002).
-	locker := testenv.NewSession(t, url, "locker")
-	locker.Begin()
-	if _, err := locker.Tx.Exec(context.Background(),
-		`SELECT pg_advisory_xact_lock(hashtextextended('0:' || $1 || ':', 0))`, u.PK); err != nil {
-		t.Fatal(err)
-	}
+	locker := lockProfile(t, url, u.PK)
 	before := testutil.ToFloat64(metrics.AcceptBatchFallbacks.WithLabelValues("55P03"))
 	first := h.hold(u)
 	profile := u.Event(t, 0, nil, `{"name":"blocked"}`)
