@@ -204,13 +204,7 @@ func TestShadowObjectsInPublicNeverRun(t *testing.T) {
 	}
 
 	// A reminder due now is claimed and confirmed, its due signal emitted.
-	rem := a.Event(t, 30300, nostr.Tags{{"d", "standup"}, {"not_before", fmt.Sprint(time.Now().Unix())}}, "enc")
-	ca.MustPublish(rem)
-	testenv.WaitUntil(t, 20*time.Second, "the reminder confirmed", func() bool {
-		var state string
-		_ = admin.QueryRow(ctx, `SELECT state FROM buzz.reminders WHERE id = $1`, rem.ID).Scan(&state)
-		return state == "confirmed"
-	})
+	remindNowAndWaitConfirmed(t, ca, a, admin)
 }
 
 // The fan-out delivers what arrives as a logical message with prefix 'buzz', so writing one is

@@ -2,7 +2,6 @@ package ops
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -64,13 +63,7 @@ func TestRelayAndOperatorRunWithTheirRolesOnly(t *testing.T) {
 	snaps.WaitN(2, 20*time.Second)
 
 	// A reminder due now is claimed and confirmed by the scheduler.
-	rem := a.Event(t, 30300, nostr.Tags{{"d", "standup"}, {"not_before", fmt.Sprint(time.Now().Unix())}}, "enc")
-	ca.MustPublish(rem)
-	testenv.WaitUntil(t, 20*time.Second, "the reminder confirmed", func() bool {
-		var state string
-		_ = admin.QueryRow(ctx, `SELECT state FROM buzz.reminders WHERE id = $1`, rem.ID).Scan(&state)
-		return state == "confirmed"
-	})
+	remindNowAndWaitConfirmed(t, ca, a, admin)
 
 	// A deletion, and a query that no longer finds the deleted note.
 	note := a.Event(t, 1, nil, "note")
