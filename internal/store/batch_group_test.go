@@ -24,17 +24,6 @@ func (h *heldBatcher) sendGroup(evs []*nostr.Event, keys []string) <-chan []stor
 	return out
 }
 
-func waitGroup(t *testing.T, c <-chan []store.Verdict, what string) []store.Verdict {
-	t.Helper()
-	select {
-	case v := <-c:
-		return v
-	case <-time.After(15 * time.Second):
-		t.Fatalf("%s: no verdicts", what)
-		return nil
-	}
-}
-
 // A group keeps its order inside a call: groups, not events, are sorted by lock key (by the
 // group's smallest key), so a connection's events stay in the order it sent them.
 func TestBatcherKeepsAGroupTogetherAndInOrder(t *testing.T) {
@@ -49,10 +38,10 @@ func TestBatcherKeepsAGroupTogetherAndInOrder(t *testing.T) {
 	h.waitQueued(3)
 	close(h.release)
 	wait(t, first, "first")
-	if v := waitGroup(t, single, "single")[0]; !v.OK || v.Err != nil {
+	if v := wait(t, single, "single")[0]; !v.OK || v.Err != nil {
 		t.Fatalf("single: %+v", v)
 	}
-	for i, v := range waitGroup(t, group, "group") {
+	for i, v := range wait(t, group, "group") {
 		if !v.OK || v.Err != nil {
 			t.Fatalf("group event %d: %+v", i, v)
 		}
@@ -87,7 +76,7 @@ func TestBatcherFallbackKeepsAGroupInOrder(t *testing.T) {
 		t.Fatalf("%d later events of the group stored before the first", n)
 	}
 	locker.Commit()
-	for i, v := range waitGroup(t, group, "group after the lock went") {
+	for i, v := range wait(t, group, "group after the lock went") {
 		if !v.OK || v.Msg != "" || v.Err != nil {
 			t.Fatalf("group event %d: %+v", i, v)
 		}

@@ -152,14 +152,17 @@ func (h *heldBatcher) callSizes() []int {
 	return slices.Clone(h.sizes)
 }
 
-func wait(t *testing.T, c <-chan verdictOf, what string) verdictOf {
+// wait returns what arrives on c: an Accept's verdict or a group's verdicts. what names it in
+// the failure when nothing arrives within 15 s.
+func wait[V any](t *testing.T, c <-chan V, what string) V {
 	t.Helper()
 	select {
 	case v := <-c:
 		return v
 	case <-time.After(15 * time.Second):
 		t.Fatalf("%s: no verdict", what)
-		return verdictOf{}
+		var zero V
+		return zero
 	}
 }
 
