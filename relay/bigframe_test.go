@@ -3,10 +3,8 @@ package relay
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr"
@@ -92,24 +90,7 @@ func TestHugeFrameClosesWith1009(t *testing.T) {
 	if err := c.ws.WriteMessage(websocket.TextMessage, frame); err != nil {
 		t.Fatalf("writing the 10 MB frame: %v (want it taken and discarded, not reset)", err)
 	}
-	for {
-		_, err := c.tryRead(readTimeout)
-		if err == nil {
-			continue
-		}
-		var ce *websocket.CloseError
-		if !errors.As(err, &ce) || ce.Code != websocket.CloseMessageTooBig {
-			t.Fatalf("10 MB frame: %v, want close 1009", err)
-		}
-		break
-	}
-	select {
-	case cc := <-tr.closed:
-		if cc.reason != "message too big" {
-			t.Fatalf("closed: %q, want message too big", cc.reason)
-		}
-	case <-time.After(readTimeout):
-		t.Fatal("the connection was not torn down")
-	}
+	c.expectClose1009(t, "10 MB frame")
+	tr.expectTornDown(t, "message too big")
 	alive(t, tr.dial(t))
 }

@@ -2,11 +2,9 @@ package relay
 
 import (
 	"context"
-	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nbd-wtf/go-nostr"
-
-	"github.com/buzzpg/buzzpg/internal/metrics"
 )
 
 // handleCount answers NIP-45 COUNT with the same gates as REQ. A refusal or a failure is a
@@ -42,16 +40,9 @@ func (c *conn) count(ctx context.Context, cfs []*compiledFilter) (int64, error) 
 	if sql == "" {
 		return 0, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.s.cfg.QueryTimeout)
-	defer cancel()
-	start := time.Now()
-	defer func() { metrics.Queries.WithLabelValues("COUNT").Observe(time.Since(start).Seconds()) }()
-	pc, release, err := c.queryConn(ctx)
-	if err != nil {
-		return 0, err
-	}
-	defer release()
 	var n int64
-	err = pc.QueryRow(ctx, sql, args...).Scan(&n)
+	err := c.runQuery(ctx, "COUNT", func(ctx context.Context, pc *pgxpool.Conn) error {
+		return pc.QueryRow(ctx, sql, args...).Scan(&n)
+	})
 	return n, err
 }

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http/httptest"
@@ -158,6 +159,36 @@ func (c *client) tryRead(d time.Duration) ([]json.RawMessage, error) {
 		return nil, fmt.Errorf("relay sent a non-array message %q", b)
 	}
 	return m, nil
+}
+
+// expectClose1009 reads, dropping whatever comes first, until the relay closes c; the close must
+// be 1009 (message too big). what names the frame in the failure.
+func (c *client) expectClose1009(t testing.TB, what string) {
+	t.Helper()
+	for {
+		_, err := c.tryRead(readTimeout)
+		if err == nil {
+			continue
+		}
+		var ce *websocket.CloseError
+		if !errors.As(err, &ce) || ce.Code != websocket.CloseMessageTooBig {
+			t.Fatalf("%s: %v, want close 1009", what, err)
+		}
+		return
+	}
+}
+
+// expectTornDown waits for the relay to tear a connection down, for reason.
+func (tr *testRelay) expectTornDown(t testing.TB, reason string) {
+	t.Helper()
+	select {
+	case cc := <-tr.closed:
+		if cc.reason != reason {
+			t.Fatalf("closed: %q, want %s", cc.reason, reason)
+		}
+	case <-time.After(readTimeout):
+		t.Fatal("the connection was not torn down")
+	}
 }
 
 func (c *client) verb(m []json.RawMessage) string { return str(m[0]) }

@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -35,16 +34,12 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out 
 			out, held, snap = nil, 0, nil
 		}
 	}()
-	ctx, cancel := context.WithTimeout(ctx, c.s.cfg.QueryTimeout)
-	defer cancel()
-	start := time.Now()
-	defer func() { metrics.Queries.WithLabelValues("REQ").Observe(time.Since(start).Seconds()) }()
-	pc, release, err := c.queryConn(ctx)
+	err = c.runQuery(ctx, "REQ", func(ctx context.Context, pc *pgxpool.Conn) error {
+		var rerr error
+		snap, rerr = c.readInSnapshot(ctx, pc, sql, args, &ans)
+		return rerr
+	})
 	if err != nil {
-		return nil, 0, nil, err
-	}
-	defer release()
-	if snap, err = c.readInSnapshot(ctx, pc, sql, args, &ans); err != nil {
 		return nil, 0, nil, err
 	}
 	return ans.rows, ans.held, snap, nil
@@ -164,10 +159,5 @@ func storedEventJSON(ev *nostr.Event, tagsJSON string) []byte {
 	w.RawString(`,"tags":`)
 	w.RawString(tagsJSON)
 	w.RawString(`,"content":`)
-	w.String(ev.Content)
-	w.RawString(`,"sig":`)
-	w.String(ev.Sig)
-	w.RawByte('}')
-	b, _ := w.BuildBytes()
-	return b
+	return finishEvent(w, ev)
 }

@@ -3,14 +3,12 @@ package relay
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 
-	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/testenv"
@@ -153,17 +151,7 @@ func TestBadInput(t *testing.T) {
 
 	// An oversized frame closes the connection with 1009.
 	c.sendRaw([]byte(`["EVENT",{"content":"` + strings.Repeat("x", 64<<10) + `"}]`))
-	for {
-		_, err := c.tryRead(readTimeout)
-		if err == nil {
-			continue
-		}
-		var ce *websocket.CloseError
-		if !errors.As(err, &ce) || ce.Code != websocket.CloseMessageTooBig {
-			t.Fatalf("oversized frame: %v, want close 1009", err)
-		}
-		break
-	}
+	c.expectClose1009(t, "oversized frame")
 	// Other connections are unaffected.
 	alive(t, tr.dial(t))
 }

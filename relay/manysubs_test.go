@@ -150,14 +150,7 @@ func TestReaderThatStopsIsClosedDespiteManySubscriptions(t *testing.T) {
 			t.Fatal("a client that reads nothing was not closed")
 		}
 	}
-	select {
-	case cc := <-tr.closed:
-		if cc.reason != "send queue overflow" {
-			t.Fatalf("closed: %q, want send queue overflow", cc.reason)
-		}
-	case <-time.After(readTimeout):
-		t.Fatal("the connection was not torn down")
-	}
+	tr.expectTornDown(t, "send queue overflow")
 }
 
 // offer admits a unit of copies by push's rule for one of them, judged on the queue before it:

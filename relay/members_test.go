@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -296,7 +295,7 @@ func TestMemberLookupWaitsWhileAnEditStaysInvisible(t *testing.T) {
 	realNow := timeNow
 	timeNow = func() time.Time { return realNow().Add(time.Duration(skew.Load())) }
 	t.Cleanup(func() { timeNow = realNow }) // registered first: runs after the relay has stopped
-	var logs lockedBuffer
+	var logs testenv.LogBuf
 	tr := startRelay(t, func(c *Config) {
 		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	})
@@ -381,24 +380,6 @@ func (mc *memberCache) pendingCount() int {
 	mc.mu.Lock()
 	defer mc.mu.Unlock()
 	return len(mc.pending)
-}
-
-// lockedBuffer collects log lines written from any goroutine.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // relayWithLookupPool starts a relay whose live-delivery member lookups use a pool of their own

@@ -374,6 +374,12 @@ func eventJSON(ev *nostr.Event) []byte {
 		w.RawByte(']')
 	}
 	w.RawString(`],"content":`)
+	return finishEvent(w, ev)
+}
+
+// finishEvent writes the content, the signature and the closing brace after the tags, which live
+// events and stored rows write each their own way, and returns the bytes.
+func finishEvent(w *jwriter.Writer, ev *nostr.Event) []byte {
 	w.String(ev.Content)
 	w.RawString(`,"sig":`)
 	w.String(ev.Sig)

@@ -40,12 +40,7 @@ func TestPipelineWindowStopsReadsWhenFull(t *testing.T) {
 	conn := onlyConn(t, tr)
 	release := holdAll(t, tr.pool)
 	sk, _ := testenv.NewKey()
-	var sent []nostr.Event
-	for i := range 20 {
-		ev := signed(sk, 1, fmt.Sprint("n", i), nostr.Now())
-		sent = append(sent, ev)
-		c.sendJSON("EVENT", ev)
-	}
+	sent := c.sendNotes(sk, 20)
 	deadline := time.Now().Add(time.Second)
 	for time.Now().Before(deadline) {
 		if n := windowLen(conn); n > 4 {
@@ -73,12 +68,7 @@ func TestPipelineReqWaitsForEarlierEvents(t *testing.T) {
 	c := tr.dial(t)
 	release := holdAll(t, tr.pool)
 	sk, pk := testenv.NewKey()
-	var sent []nostr.Event
-	for i := range 5 {
-		ev := signed(sk, 1, fmt.Sprint("n", i), nostr.Now())
-		sent = append(sent, ev)
-		c.sendJSON("EVENT", ev)
-	}
+	sent := c.sendNotes(sk, 5)
 	c.sendJSON("REQ", "s", nostr.Filter{Authors: []string{pk}})
 	time.Sleep(300 * time.Millisecond) // a REQ that did not wait is answered meanwhile
 	release()
@@ -106,9 +96,7 @@ func TestPipelineDisconnectReleasesTheWindow(t *testing.T) {
 	conn := onlyConn(t, tr)
 	release := holdAll(t, tr.pool)
 	sk, _ := testenv.NewKey()
-	for i := range 10 {
-		c.sendJSON("EVENT", signed(sk, 1, fmt.Sprint("n", i), nostr.Now()))
-	}
+	c.sendNotes(sk, 10)
 	for windowLen(conn) < 4 {
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -128,4 +116,16 @@ func TestPipelineDisconnectReleasesTheWindow(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the connection was not torn down")
 	}
+}
+
+// sendNotes sends n kind-1 events of sk (content n0, n1, ...) without waiting for their OKs, and
+// returns them in the order sent.
+func (c *client) sendNotes(sk string, n int) []nostr.Event {
+	var sent []nostr.Event
+	for i := range n {
+		ev := signed(sk, 1, fmt.Sprint("n", i), nostr.Now())
+		sent = append(sent, ev)
+		c.sendJSON("EVENT", ev)
+	}
+	return sent
 }

@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/buzzpg/buzzpg/internal/metrics"
 )
 
 // lookupMembers reads member sets on the query pool within the client's share of it, like a query
@@ -49,6 +51,21 @@ func (c *conn) queryConn(ctx context.Context) (pc *pgxpool.Conn, release func(),
 		return nil, nil, err
 	}
 	return pc, func() { pc.Release(); c.s.ipQueries.release(c.ip) }, nil
+}
+
+// runQuery runs a query of verb (REQ, COUNT) on a query connection within the query timeout,
+// and records its duration, the wait for the connection included.
+func (c *conn) runQuery(ctx context.Context, verb string, query func(context.Context, *pgxpool.Conn) error) error {
+	ctx, cancel := context.WithTimeout(ctx, c.s.cfg.QueryTimeout)
+	defer cancel()
+	start := time.Now()
+	defer func() { metrics.Queries.WithLabelValues(verb).Observe(time.Since(start).Seconds()) }()
+	pc, release, err := c.queryConn(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
+	return query(ctx, pc)
 }
 
 // recoverQuery answers a query goroutine's panic with CLOSED. sub is the REQ's subscription (nil

@@ -8,6 +8,7 @@ DROP FUNCTION IF EXISTS buzz.upkeep_purge(text, integer);
 DROP FUNCTION IF EXISTS buzz.upkeep_candidates(text, bigint);
 DROP FUNCTION IF EXISTS buzz.upkeep_retention_waiting(text);
 DROP FUNCTION IF EXISTS buzz.upkeep_retention_candidates(text, bigint);
+DROP FUNCTION IF EXISTS buzz.upkeep_retention_scope(buzz.retention);
 DROP FUNCTION IF EXISTS buzz.upkeep_reminder_candidates(bigint);
 DROP FUNCTION IF EXISTS buzz.upkeep_expired_candidates(bigint);
 DROP FUNCTION IF EXISTS buzz.upkeep_keeps(text, integer, text, bigint);

@@ -204,6 +204,19 @@ COMMENT ON FUNCTION buzz.upkeep_reminder_candidates(bigint) IS
   'Ids of reminder rows confirmed or cancelled more than upkeep_reminder_keep_seconds ago whose removal '
   'cannot make a delivered version fire again (at most p_limit; NULL: all). Never armed or claimed rows.';
 
+-- What a retention rule scans: a list of kinds is also scanned as its min..max range, so the kind
+-- index serves both forms; events created before cutoff are older than the rule's max_age.
+CREATE FUNCTION buzz.upkeep_retention_scope(r buzz.retention, OUT lo integer, OUT hi integer, OUT cutoff bigint)
+LANGUAGE sql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+  SELECT coalesce(r.kind_min, (SELECT min(k) FROM unnest(r.kinds) k)),
+         coalesce(r.kind_max, (SELECT max(k) FROM unnest(r.kinds) k)),
+         buzz.now_unix() - floor(extract(epoch FROM r.max_age))::bigint
+$$;
+COMMENT ON FUNCTION buzz.upkeep_retention_scope(buzz.retention) IS
+  'The kind range (lo..hi) and the created_at cutoff of retention rule r, now.';
+
 -- Events an operator's retention rule removes, oldest first.
 CREATE FUNCTION buzz.upkeep_retention_candidates(p_name text, p_limit bigint) RETURNS SETOF text
 LANGUAGE plpgsql STABLE
@@ -219,10 +232,7 @@ BEGIN
   IF NOT FOUND THEN
     RETURN;  -- removed since the pass listed it: nothing to do, not a failed pass
   END IF;
-  -- A list is also scanned as its min..max range, so the kind index serves both forms.
-  lo := coalesce(r.kind_min, (SELECT min(k) FROM unnest(r.kinds) k));
-  hi := coalesce(r.kind_max, (SELECT max(k) FROM unnest(r.kinds) k));
-  cutoff := buzz.now_unix() - floor(extract(epoch FROM r.max_age))::bigint;
+  SELECT x.lo, x.hi, x.cutoff INTO lo, hi, cutoff FROM buzz.upkeep_retention_scope(r) x;
   RETURN QUERY
   SELECT e.id FROM buzz.events e
    WHERE e.kind BETWEEN lo AND hi AND (r.kinds IS NULL OR e.kind = ANY (r.kinds))
@@ -263,9 +273,7 @@ BEGIN
   IF r.keep_newest IS NULL THEN
     RETURN (SELECT count(*) FROM buzz.upkeep_retention_candidates(p_name, NULL::bigint));
   END IF;
-  lo := coalesce(r.kind_min, (SELECT min(k) FROM unnest(r.kinds) k));
-  hi := coalesce(r.kind_max, (SELECT max(k) FROM unnest(r.kinds) k));
-  cutoff := buzz.now_unix() - floor(extract(epoch FROM r.max_age))::bigint;
+  SELECT x.lo, x.hi, x.cutoff INTO lo, hi, cutoff FROM buzz.upkeep_retention_scope(r) x;
   RETURN (SELECT count(*) FROM (
             SELECT e.id, e.kind, e.d_tag, e.created_at,
                    row_number() OVER (PARTITION BY e.pubkey ORDER BY e.created_at DESC, e.id DESC) AS rank

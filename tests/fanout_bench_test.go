@@ -47,10 +47,7 @@ func BenchmarkFanoutCrossProcess(b *testing.B) {
 	if s := os.Getenv("BUZZ_BENCH_DURATION"); s != "" {
 		dur, _ = time.ParseDuration(s)
 	}
-	writers := 8
-	if v, err := strconv.Atoi(os.Getenv("BUZZ_BENCH_WRITERS")); err == nil && v > 0 {
-		writers = v
-	}
+	writers := testenv.EnvInt("BUZZ_BENCH_WRITERS", 8)
 	rates := []int{1000}
 	if s := os.Getenv("BUZZ_BENCH_RATES"); s != "" {
 		rates = nil

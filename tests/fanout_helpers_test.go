@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -60,11 +59,5 @@ func fanPsqlAccept(t testing.TB, dbURL string, ev *nostr.Event) {
 func fanOpenDM(t testing.TB, c *testenv.Client, u fanUser, with string) string {
 	t.Helper()
 	msg := c.MustPublish(u.event(41010, "", nostr.Tag{"p", with}))
-	var resp struct {
-		ChannelID string `json:"channel_id"`
-	}
-	if err := json.Unmarshal([]byte(strings.TrimPrefix(msg, "response:")), &resp); err != nil || resp.ChannelID == "" {
-		t.Fatalf("DM open response %q: %v", msg, err)
-	}
-	return resp.ChannelID
+	return testenv.DMChannelID(t, msg)
 }

@@ -106,17 +106,8 @@ func memberAnnouncements(t *testing.T, pool *pgxpool.Pool) func() []string {
 	t.Cleanup(func() { pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slot) })
 	return func() []string {
 		t.Helper()
-		rows, err := pool.Query(ctx, `SELECT data FROM pg_logical_slot_get_changes($1, NULL, NULL)`, slot)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
 		var out []string
-		for rows.Next() {
-			var data string
-			if err := rows.Scan(&data); err != nil {
-				t.Fatal(err)
-			}
+		for _, data := range testenv.MustColumn[string](t, pool, `SELECT data FROM pg_logical_slot_get_changes($1, NULL, NULL)`, slot) {
 			i := strings.Index(data, "content:")
 			if !strings.HasPrefix(data, "message:") || !strings.Contains(data, "prefix: buzz,") || i < 0 {
 				continue
@@ -138,9 +129,6 @@ func memberAnnouncements(t *testing.T, pool *pgxpool.Pool) func() []string {
 			}
 			slices.Sort(m.Channels)
 			out = append(out, strings.Join(m.Channels, ","))
-		}
-		if err := rows.Err(); err != nil {
-			t.Fatal(err)
 		}
 		return out
 	}

@@ -1,7 +1,6 @@
 package tests
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -114,18 +113,5 @@ func TestReqPlansUseIndexesAfterABulkLoad(t *testing.T) {
 // explain is the plan of sql, one line per node.
 func explain(t *testing.T, pool *pgxpool.Pool, sql string) string {
 	t.Helper()
-	rows, err := pool.Query(context.Background(), `EXPLAIN `+sql)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var lines []string
-	for rows.Next() {
-		var l string
-		if err := rows.Scan(&l); err != nil {
-			t.Fatal(err)
-		}
-		lines = append(lines, l)
-	}
-	return strings.Join(lines, "\n")
+	return strings.Join(testenv.MustColumn[string](t, pool, `EXPLAIN `+sql), "\n")
 }

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -172,10 +171,7 @@ func TestReminderBurstTwoProcesses(t *testing.T) {
 	}
 
 	// BUZZ_REMINDER_BURST=10000 turns this into the multi-process burst benchmark.
-	n := 1000
-	if v, err := strconv.Atoi(os.Getenv("BUZZ_REMINDER_BURST")); err == nil && v > 0 {
-		n = v
-	}
+	n := testenv.EnvInt("BUZZ_REMINDER_BURST", 1000)
 	t0 := time.Now()
 	evs := make([]*nostr.Event, n)
 	var nb int64

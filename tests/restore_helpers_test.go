@@ -5,9 +5,7 @@ package tests
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -54,17 +52,6 @@ func drillRun(t testing.TB, env []string, bin string, args ...string) string {
 	return string(out)
 }
 
-// drillAs is u with its user replaced by role (the test clusters trust local logins).
-func drillAs(t testing.TB, u, role string) string {
-	t.Helper()
-	p, err := url.Parse(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.User = url.User(role)
-	return p.String()
-}
-
 // drillRearm arms a cross-process hook again after it was released, by the file protocol of
 // internal/hooks: the process stops at its next pass and writes <name>.reached anew.
 func drillRearm(t testing.TB, dir, name string) {
@@ -106,15 +93,10 @@ func (m *drillDMs) open(u testenv.User, others ...testenv.User) string {
 		pks = append(pks, o.PK)
 	}
 	msg := m.c.MustPublish(u.Event(m.t, 41010, tags, ""))
-	var resp struct {
-		ChannelID string `json:"channel_id"`
-	}
-	if err := json.Unmarshal([]byte(strings.TrimPrefix(msg, "response:")), &resp); err != nil || resp.ChannelID == "" {
-		m.t.Fatalf("DM open answered %q", msg)
-	}
-	m.members[resp.ChannelID] = pks
-	m.set(u.PK, resp.ChannelID, false)
-	return resp.ChannelID
+	ch := testenv.DMChannelID(m.t, msg)
+	m.members[ch] = pks
+	m.set(u.PK, ch, false)
+	return ch
 }
 
 // hide sends a DM hide (41012) by u.

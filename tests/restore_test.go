@@ -109,7 +109,7 @@ func drillStart(t *testing.T) *drill {
 	snapExec(t, d.oldPool, `CREATE ROLE `+drillRole+` LOGIN REPLICATION IN ROLE buzz_relay`)
 	d.hooksOld = t.TempDir()
 	hooks.Release(t, d.hooksOld, "reminder.after_claim")
-	d.oldRelay = testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: drillAs(t, owner, drillRole), RelayKey: d.key,
+	d.oldRelay = testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: testenv.AsRole(t, owner, drillRole), RelayKey: d.key,
 		InstanceID: drillInstance, Env: drillEnv(map[string]string{"BUZZ_REMINDER_LEASE": "3s"}),
 		HookDir: d.hooksOld, Hooks: []string{"reminder.after_claim", "visibility.listen_reconnect"}})
 
@@ -407,7 +407,7 @@ func (d *drill) checkBackup() {
 func (d *drill) serveRestored() {
 	t := d.t
 	hookDir := t.TempDir()
-	d.newRelay = testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: drillAs(t, d.new.URL(""), drillRole), RelayKey: d.key,
+	d.newRelay = testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: testenv.AsRole(t, d.new.URL(""), drillRole), RelayKey: d.key,
 		InstanceID: drillInstance, Env: drillEnv(nil), HookDir: hookDir, Hooks: []string{"reminder.after_claim"}})
 	hooks.Wait(t, hookDir, "reminder.after_claim", 30*time.Second)
 	d.dueNew = remDueSub(t, d.newRelay.URL, d.author.SK, d.author.PK)

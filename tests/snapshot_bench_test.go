@@ -24,10 +24,7 @@ import (
 )
 
 func BenchmarkSnapshotServeConvergence(b *testing.B) {
-	rate := 500
-	if r, err := strconv.Atoi(os.Getenv("BUZZ_BENCH_RATE")); err == nil && r > 0 {
-		rate = r
-	}
+	rate := testenv.EnvInt("BUZZ_BENCH_RATE", 500)
 	// Each round hides every viewer's DM, then resurfaces it (one message per viewer). Every
 	// snapshot of a viewer needs a created_at one second above the last (NIP-01 replacement), and
 	// the publisher runs at most snapshot_max_ahead_seconds (10) ahead of the clock: a viewer
@@ -35,13 +32,7 @@ func BenchmarkSnapshotServeConvergence(b *testing.B) {
 	// 500 viewers at 500/s a round spends two of a viewer's seconds in about 1.5 s, so more than
 	// ~10 rounds measure that wait, not convergence: longer runs need more viewers
 	// (BUZZ_BENCH_VIEWERS=2000 BUZZ_BENCH_ROUNDS=15 is a minute at 500/s).
-	viewers, rounds := 500, 3
-	if n, err := strconv.Atoi(os.Getenv("BUZZ_BENCH_VIEWERS")); err == nil && n > 0 {
-		viewers = n
-	}
-	if n, err := strconv.Atoi(os.Getenv("BUZZ_BENCH_ROUNDS")); err == nil && n > 0 {
-		rounds = n
-	}
+	viewers, rounds := testenv.EnvInt("BUZZ_BENCH_VIEWERS", 500), testenv.EnvInt("BUZZ_BENCH_ROUNDS", 3)
 	dbURL := testenv.FreshDB(b)
 	pool := testenv.Pool(b, dbURL)
 	ctx := context.Background()

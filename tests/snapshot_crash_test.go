@@ -82,7 +82,7 @@ func TestSnapshotServeCrashHoldingClaimRecovered(t *testing.T) {
 	ctx := context.Background()
 	relayKey, relayPK := testenv.NewKey()
 	snapExec(t, pool, `UPDATE buzz.config SET value = $1 WHERE key = 'relay_pubkey'`, relayPK)
-	snapAudit(t, pool)
+	testenv.SnapshotAudit(t, pool)
 	claimAudit(t, pool)
 
 	const lease = 2 * time.Second

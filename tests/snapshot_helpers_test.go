@@ -98,26 +98,6 @@ func snapHead(t testing.TB, pool *pgxpool.Pool, viewer string) (*nostr.Event, []
 	return ev, snapHidden(ev)
 }
 
-// snapAudit records every stored 30622 with the generation being published (the trigger runs
-// inside publish_visibility_snapshot after its fence UPDATE).
-func snapAudit(t testing.TB, pool *pgxpool.Pool) {
-	t.Helper()
-	snapExec(t, pool, `
-		CREATE TABLE public.snapshot_audit (seq bigserial PRIMARY KEY, viewer text, generation bigint,
-		  created_at bigint, hidden text[]);
-		CREATE FUNCTION public.snapshot_audit_fn() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-		  INSERT INTO public.snapshot_audit (viewer, generation, created_at, hidden)
-		  SELECT NEW.d_tag, s.published_generation, NEW.created_at,
-		         coalesce((SELECT array_agg(t->>1 ORDER BY t->>1) FROM jsonb_array_elements(NEW.tags) t
-		                    WHERE t->>0 = 'h'), '{}')
-		    FROM buzz.visibility_state s WHERE s.viewer = NEW.d_tag;
-		  RETURN NULL;
-		END $$;
-		CREATE TRIGGER snapshot_audit AFTER INSERT ON buzz.events
-		  FOR EACH ROW WHEN (NEW.kind = 30622) EXECUTE FUNCTION public.snapshot_audit_fn();`)
-}
-
 // snapAssertAudit: per viewer, generations and created_at strictly rise in publication order.
 func snapAssertAudit(t testing.TB, pool *pgxpool.Pool, viewer string) []int64 {
 	t.Helper()

@@ -115,7 +115,7 @@ func TestSnapshotServeStalePublisherAcrossProcesses(t *testing.T) {
 	ctx := context.Background()
 	relayKey, relayPK := testenv.NewKey()
 	snapExec(t, pool, `UPDATE buzz.config SET value = $1 WHERE key = 'relay_pubkey'`, relayPK)
-	snapAudit(t, pool)
+	testenv.SnapshotAudit(t, pool)
 
 	viewer, x := snapSQLDM(t, pool)
 	// An earlier head, 30 s behind the clock (B will publish just above it).

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -25,34 +24,12 @@ func (h *heldBatcher) sendGroup(evs []*nostr.Event, keys []string) <-chan []stor
 	return out
 }
 
-func waitGroup(t *testing.T, c <-chan []store.Verdict, what string) []store.Verdict {
-	t.Helper()
-	select {
-	case v := <-c:
-		return v
-	case <-time.After(15 * time.Second):
-		t.Fatalf("%s: no verdicts", what)
-		return nil
-	}
-}
-
 // A group keeps its order inside a call: groups, not events, are sorted by lock key (by the
 // group's smallest key), so a connection's events stay in the order it sent them.
 func TestBatcherKeepsAGroupTogetherAndInOrder(t *testing.T) {
 	url := testenv.FreshDB(t)
 	h := newHeldBatcher(t, url)
-	var mu sync.Mutex
-	var orders [][]string
-	h.SetOnBatchKeys(func(keys []string) {
-		mu.Lock()
-		orders = append(orders, keys)
-		first := len(orders) == 1
-		mu.Unlock()
-		if first {
-			close(h.held)
-			<-h.release
-		}
-	})
+	keyOrders := h.recordKeyOrders()
 	u := testenv.NewUser()
 	first := h.hold(u)
 	single := h.sendGroup([]*nostr.Event{u.Event(t, 1, nil, "m")}, []string{"m"})
@@ -61,16 +38,15 @@ func TestBatcherKeepsAGroupTogetherAndInOrder(t *testing.T) {
 	h.waitQueued(3)
 	close(h.release)
 	wait(t, first, "first")
-	if v := waitGroup(t, single, "single")[0]; !v.OK || v.Err != nil {
+	if v := wait(t, single, "single")[0]; !v.OK || v.Err != nil {
 		t.Fatalf("single: %+v", v)
 	}
-	for i, v := range waitGroup(t, group, "group") {
+	for i, v := range wait(t, group, "group") {
 		if !v.OK || v.Err != nil {
 			t.Fatalf("group event %d: %+v", i, v)
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	orders := keyOrders()
 	if want := []string{"z", "a", "m"}; len(orders) != 2 || !slices.Equal(orders[1], want) {
 		t.Fatalf("calls ran in key orders %q, want the second %q", orders, want)
 	}
@@ -82,13 +58,7 @@ func TestBatcherFallbackKeepsAGroupInOrder(t *testing.T) {
 	url := testenv.FreshDB(t)
 	h := newHeldBatcher(t, url)
 	u := testenv.NewUser()
-	// accept_event serialises writers of a replaceable address with this advisory lock (0002).
-	locker := testenv.NewSession(t, url, "locker")
-	locker.Begin()
-	if _, err := locker.Tx.Exec(context.Background(),
-		`SELECT pg_advisory_xact_lock(hashtextextended('0:' || $1 || ':', 0))`, u.PK); err != nil {
-		t.Fatal(err)
-	}
+	locker := lockProfile(t, url, u.PK)
 	first := h.hold(u)
 	profile := u.Event(t, 0, nil, `{"name":"blocked"}`)
 	a, b := u.Event(t, 1, nil, "a"), u.Event(t, 1, nil, "b")
@@ -106,7 +76,7 @@ func TestBatcherFallbackKeepsAGroupInOrder(t *testing.T) {
 		t.Fatalf("%d later events of the group stored before the first", n)
 	}
 	locker.Commit()
-	for i, v := range waitGroup(t, group, "group after the lock went") {
+	for i, v := range wait(t, group, "group after the lock went") {
 		if !v.OK || v.Msg != "" || v.Err != nil {
 			t.Fatalf("group event %d: %+v", i, v)
 		}

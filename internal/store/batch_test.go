@@ -59,6 +59,19 @@ func newHeldBatcher(t *testing.T, url string) *heldBatcher {
 	return h
 }
 
+// lockProfile holds, in an open transaction, the advisory lock with which accept_event serialises
+// writers of pk's profile (kind 0, a replaceable address; sql/0002_accept); Commit lets it go.
+func lockProfile(t *testing.T, url, pk string) *testenv.Session {
+	t.Helper()
+	locker := testenv.NewSession(t, url, "locker")
+	locker.Begin()
+	if _, err := locker.Tx.Exec(context.Background(),
+		`SELECT pg_advisory_xact_lock(hashtextextended('0:' || $1 || ':', 0))`, pk); err != nil {
+		t.Fatal(err)
+	}
+	return locker
+}
+
 type verdictOf struct {
 	ok  bool
 	msg string
@@ -111,20 +124,45 @@ func (h *heldBatcher) waitQueued(n int) {
 	}
 }
 
+// recordKeyOrders makes the batch hook record each call's keys, in the order the call runs them,
+// holding the first call as newHeldBatcher does; it returns a reader of what was recorded.
+func (h *heldBatcher) recordKeyOrders() func() [][]string {
+	var mu sync.Mutex
+	var orders [][]string
+	h.SetOnBatchKeys(func(keys []string) {
+		mu.Lock()
+		orders = append(orders, keys)
+		first := len(orders) == 1
+		mu.Unlock()
+		if first {
+			close(h.held)
+			<-h.release
+		}
+	})
+	return func() [][]string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(orders)
+	}
+}
+
 func (h *heldBatcher) callSizes() []int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return slices.Clone(h.sizes)
 }
 
-func wait(t *testing.T, c <-chan verdictOf, what string) verdictOf {
+// wait returns what arrives on c: an Accept's verdict or a group's verdicts. what names it in
+// the failure when nothing arrives within 15 s.
+func wait[V any](t *testing.T, c <-chan V, what string) V {
 	t.Helper()
 	select {
 	case v := <-c:
 		return v
 	case <-time.After(15 * time.Second):
 		t.Fatalf("%s: no verdict", what)
-		return verdictOf{}
+		var zero V
+		return zero
 	}
 }
 
@@ -239,13 +277,7 @@ func TestBatcherStoresABlockedEventAloneAndTheOthersAtOnce(t *testing.T) {
 	url := testenv.FreshDB(t)
 	h := newHeldBatcher(t, url)
 	u := testenv.NewUser()
-	// accept_event serialises writers of a replaceable address with this advisory lock (0002).
-	locker := testenv.NewSession(t, url, "locker")
-	locker.Begin()
-	if _, err := locker.Tx.Exec(context.Background(),
-		`SELECT pg_advisory_xact_lock(hashtextextended('0:' || $1 || ':', 0))`, u.PK); err != nil {
-		t.Fatal(err)
-	}
+	locker := lockProfile(t, url, u.PK)
 	before := testutil.ToFloat64(metrics.AcceptBatchFallbacks.WithLabelValues("55P03"))
 	first := h.hold(u)
 	profile := u.Event(t, 0, nil, `{"name":"blocked"}`)
@@ -522,18 +554,7 @@ func TestBatcherLeavesOutAnEventWithNoTimeLeft(t *testing.T) {
 func TestBatcherRunsACallInChannelOrder(t *testing.T) {
 	url := testenv.FreshDB(t)
 	h := newHeldBatcher(t, url)
-	var mu sync.Mutex
-	var orders [][]string
-	h.SetOnBatchKeys(func(keys []string) {
-		mu.Lock()
-		orders = append(orders, keys)
-		first := len(orders) == 1
-		mu.Unlock()
-		if first {
-			close(h.held)
-			<-h.release
-		}
-	})
+	keyOrders := h.recordKeyOrders()
 	u := testenv.NewUser()
 	first := h.hold(u)
 	const unknownChannel = "00000000-0000-4000-8000-0000000000aa"
@@ -568,10 +589,8 @@ func TestBatcherRunsACallInChannelOrder(t *testing.T) {
 			t.Errorf("event with key %q: %+v, want %q", all[i].key, v, all[i].want)
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	want := []string{"", "00", unknownChannel, "b", "c"}
-	if len(orders) != 2 || !slices.Equal(orders[1], want) {
+	if orders := keyOrders(); len(orders) != 2 || !slices.Equal(orders[1], want) {
 		t.Fatalf("calls ran in key orders %q, want the second %q", orders, want)
 	}
 }

@@ -106,3 +106,32 @@ func (b *ClaimBlock) Drop() {
 	_, _ = b.pool.Exec(context.Background(),
 		`DROP TRIGGER IF EXISTS block_claims ON `+b.table+`; DROP FUNCTION IF EXISTS public.block_claims()`)
 }
+
+// ReleaseLateCommit, when mode is BreakCommitsLater, lets the claim that outlived its cut
+// connection go on once who (the runner that broke off) waits for it to end or has handled the
+// break, and waits until the claim's statement ended. Other modes leave nothing to release.
+func (b *ClaimBlock) ReleaseLateCommit(mode ClaimBreak, who string, handled func() bool) {
+	if mode != BreakCommitsLater {
+		return
+	}
+	b.t.Helper()
+	pid := b.WaitBlocked()
+	WaitUntil(b.t, 10*time.Second, who+" waiting for the claim to end, or past it", func() bool {
+		return handled() || WaitingForRowLock(b.t, b.pool)
+	})
+	b.Release()
+	b.WaitDone(pid)
+}
+
+// StopWhileBlocked stops a runner once its statement waits in the trigger: cancel stops it, the
+// statement is let go on, stopped waits for the runner to end, then for the statement to end, and
+// the trigger is dropped.
+func (b *ClaimBlock) StopWhileBlocked(cancel, stopped func()) {
+	b.t.Helper()
+	pid := b.WaitBlocked()
+	cancel()
+	b.Release()
+	stopped()
+	b.WaitDone(pid)
+	b.Drop()
+}

@@ -26,11 +26,18 @@ const (
 	BreakAborts
 )
 
-// ClaimBreaks names every ClaimBreak, for subtests.
-var ClaimBreaks = []struct {
-	Name string
-	Mode ClaimBreak
+// claimBreaks names every ClaimBreak, for subtests.
+var claimBreaks = []struct {
+	name string
+	mode ClaimBreak
 }{{"committed", BreakCommitted}, {"commits_after_the_break", BreakCommitsLater}, {"never_commits", BreakAborts}}
+
+// ForEachClaimBreak runs test once for every ClaimBreak, each as a subtest named for it.
+func ForEachClaimBreak(t *testing.T, test func(*testing.T, ClaimBreak)) {
+	for _, bc := range claimBreaks {
+		t.Run(bc.name, func(t *testing.T) { test(t, bc.mode) })
+	}
+}
 
 // Gate is an in-process barrier at a hook point: the first pass that only accepts stops there
 // until Open (or its context ends); later passes go through.

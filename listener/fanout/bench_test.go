@@ -3,8 +3,6 @@ package fanout
 import (
 	"context"
 	"os"
-	"sort"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -23,8 +21,8 @@ import (
 //	go test ./listener/fanout -run '^$' -bench FanoutLatency -benchtime 1x
 //	BUZZ_BENCH_DURATION=30s go test ./listener/fanout -run '^$' -bench FanoutLatency -benchtime 1x
 func BenchmarkFanoutLatency(b *testing.B) {
-	rate := envInt("BUZZ_BENCH_RATE", 1000)
-	writers := envInt("BUZZ_BENCH_WRITERS", 8)
+	rate := testenv.EnvInt("BUZZ_BENCH_RATE", 1000)
+	writers := testenv.EnvInt("BUZZ_BENCH_WRITERS", 8)
 	dur := 3 * time.Second
 	if s := os.Getenv("BUZZ_BENCH_DURATION"); s != "" {
 		dur, _ = time.ParseDuration(s)
@@ -104,7 +102,7 @@ func BenchmarkFanoutLatency(b *testing.B) {
 	for i := range added {
 		added[i] = viaRepl[i] - inproc[i]
 	}
-	ip, rp, ap := percentiles(inproc), percentiles(viaRepl), percentiles(added)
+	ip, rp, ap := testenv.Percentiles(inproc), testenv.Percentiles(viaRepl), testenv.Percentiles(added)
 	b.Logf("%d events at %.0f/s offered %d/s, %d writer connections", n, achieved, rate, writers)
 	b.Logf("in-process (commit returned): p50 %s p99 %s max %s", ip[0], ip[1], ip[2])
 	b.Logf("via replication tail:         p50 %s p99 %s max %s", rp[0], rp[1], rp[2])
@@ -116,22 +114,4 @@ func BenchmarkFanoutLatency(b *testing.B) {
 	b.ReportMetric(float64(ip[0].Microseconds())/1000, "inproc-p50-ms")
 	b.ReportMetric(float64(ip[1].Microseconds())/1000, "inproc-p99-ms")
 	b.ReportMetric(float64(ip[2].Microseconds())/1000, "inproc-max-ms")
-}
-
-// percentiles returns p50, p99 and max.
-func percentiles(ds []time.Duration) [3]time.Duration {
-	s := append([]time.Duration(nil), ds...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	if len(s) == 0 {
-		return [3]time.Duration{}
-	}
-	at := func(p float64) time.Duration { return s[int(p*float64(len(s)-1))] }
-	return [3]time.Duration{at(0.50), at(0.99), s[len(s)-1]}
-}
-
-func envInt(name string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
-		return v
-	}
-	return def
 }

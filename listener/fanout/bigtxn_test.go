@@ -147,9 +147,9 @@ func TestFanoutNewProcessGetsATransactionCutOffWhole(t *testing.T) {
 	sink.waitReached(t)
 	stop() // the old process ends while its sink holds the transaction
 	close(sink.release)
-	select {
-	case <-old.done:
-	case <-time.After(20 * time.Second):
+	waitCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if old.runner.Stop(waitCtx) != nil { // Run was stopped already: this only waits for it to return
 		t.Fatal("the old fan-out did not stop")
 	}
 

@@ -19,6 +19,7 @@ import (
 	"github.com/buzzpg/buzzpg/internal/evt"
 	"github.com/buzzpg/buzzpg/internal/logx"
 	"github.com/buzzpg/buzzpg/internal/metrics"
+	"github.com/buzzpg/buzzpg/listener"
 )
 
 // Config configures the replication tail of one process.
@@ -72,11 +73,7 @@ type Fanout struct {
 	slotMade chan struct{}
 	slotOnce sync.Once
 
-	mu      sync.Mutex
-	cancel  context.CancelFunc
-	done    chan struct{}
-	closed  bool
-	running bool
+	runner listener.Runner
 
 	// owns says this process created the slot or attached it at least once. Only then does Close
 	// remove the slot and the instance row: a second process started with the same instance id
@@ -128,7 +125,6 @@ func New(cfg Config, pool *pgxpool.Pool, sink evt.Sink) *Fanout {
 		log:       log.With("component", "fanout", "slot", slot),
 		seen:      newRecentKeys(cfg.DedupeWindow),
 		rejectLog: logx.Sampler{Every: 10 * time.Second},
-		done:      make(chan struct{}),
 		slotMade:  make(chan struct{}),
 	}
 }
@@ -164,16 +160,11 @@ func (f *Fanout) Lag() time.Duration {
 // returns nil when stopped, and an error only for what retrying cannot fix (wal_level, a role
 // without the REPLICATION attribute).
 func (f *Fanout) Run(ctx context.Context) error {
-	f.mu.Lock()
-	if f.closed || f.running {
-		f.mu.Unlock()
+	ctx, finish, ok := f.runner.Start(ctx)
+	if !ok {
 		return errors.New("fanout: Run called twice or after Close")
 	}
-	f.running = true
-	ctx, cancel := context.WithCancel(ctx)
-	f.cancel = cancel
-	f.mu.Unlock()
-	defer close(f.done)
+	defer finish()
 
 	bo := newBackoff()
 	for {
@@ -192,8 +183,9 @@ func (f *Fanout) Run(ctx context.Context) error {
 	}
 
 	hbDone := make(chan struct{})
-	go func() { defer close(hbDone); f.heartbeatLoop(ctx) }()
-	defer func() { cancel(); <-hbDone }() // also on a fatal return: stop heart-beating first
+	hbCtx, stopHeartbeat := context.WithCancel(ctx)
+	go func() { defer close(hbDone); f.heartbeatLoop(hbCtx) }()
+	defer func() { stopHeartbeat(); <-hbDone }() // also on a fatal return: stop heart-beating first
 
 	if f.waitHook != nil {
 		bo.sleep = f.waitHook
@@ -236,17 +228,8 @@ func (f *Fanout) Run(ctx context.Context) error {
 // Close stops Run and removes this instance's traces: its slot (a graceful shutdown must not pin
 // WAL until a reaper notices) and its instance row.
 func (f *Fanout) Close(ctx context.Context) error {
-	f.mu.Lock()
-	f.closed = true
-	cancel, running := f.cancel, f.running
-	f.mu.Unlock()
-	if running {
-		cancel()
-		select {
-		case <-f.done:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	if err := f.runner.Stop(ctx); err != nil {
+		return err
 	}
 	if !f.owns.Load() {
 		f.log.Warn("fan-out closed without removing the slot and the instance row: this process neither created nor attached them (is another process running with this BUZZ_INSTANCE_ID?)",

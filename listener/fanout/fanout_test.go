@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -457,10 +456,9 @@ func TestFanoutNeedsReplicationRole(t *testing.T) {
 		_, _ = h.pool.Exec(ctx, `DROP OWNED BY `+role)
 		_, _ = h.pool.Exec(ctx, `DROP ROLE `+role)
 	})
-	u, _ := url.Parse(h.url)
-	u.User = url.User(role)
-	pool := testenv.Pool(t, u.String())
-	f := New(Config{DatabaseURL: u.String(), InstanceID: instanceID("norepl"), Logger: testenv.Logger(t, slog.LevelDebug, nil)}, pool, newRecSink())
+	roleURL := testenv.AsRole(t, h.url, role)
+	pool := testenv.Pool(t, roleURL)
+	f := New(Config{DatabaseURL: roleURL, InstanceID: instanceID("norepl"), Logger: testenv.Logger(t, slog.LevelDebug, nil)}, pool, newRecSink())
 	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	t0 := time.Now()

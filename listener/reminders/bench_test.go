@@ -7,8 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"sort"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -37,7 +35,7 @@ func BenchmarkReminderLateness(b *testing.B) {
 		run  func(b *testing.B, h *benchHarness)
 	}{
 		{"sparse", func(b *testing.B, h *benchHarness) {
-			secs := envInt("BUZZ_BENCH_SPARSE_SECONDS", 10)
+			secs := testenv.EnvInt("BUZZ_BENCH_SPARSE_SECONDS", 10)
 			start := time.Now().Unix() + 2
 			var nbs []int64
 			for i := 0; i < secs; i++ {
@@ -46,7 +44,7 @@ func BenchmarkReminderLateness(b *testing.B) {
 			h.run(b, nbs)
 		}},
 		{"burst", func(b *testing.B, h *benchHarness) {
-			n := envInt("BUZZ_BENCH_BURST", 10000)
+			n := testenv.EnvInt("BUZZ_BENCH_BURST", 10000)
 			h.run(b, nil, n)
 		}},
 	} {
@@ -107,7 +105,7 @@ func (h *benchHarness) run(b *testing.B, nbs []int64, burst ...int) {
 	}
 	// Two schedulers, started before the reminders are stored (they sleep until not_before).
 	for i := 0; i < 2; i++ {
-		h.e.start(fmt.Sprint("bench", i), Config{Logger: benchLogger(b), BatchSize: envInt("BUZZ_BENCH_BATCH", 500)})
+		h.e.start(fmt.Sprint("bench", i), Config{Logger: benchLogger(b), BatchSize: testenv.EnvInt("BUZZ_BENCH_BATCH", 500)})
 	}
 
 	t0 := time.Now()
@@ -192,7 +190,7 @@ func (h *benchHarness) run(b *testing.B, nbs []int64, burst ...int) {
 		emit = append(emit, time.Duration(s*float64(time.Second)))
 	}
 	rows.Close()
-	dp, ep := percentiles(deliv), percentiles(emit)
+	dp, ep := testenv.Percentiles(deliv), testenv.Percentiles(emit)
 	b.Logf("%d reminders, 2 schedulers (batch 500) + 1 fan-out in one process", len(h.want))
 	b.Logf("emit (confirmed_at - not_before): p50 %s p99 %s max %s", ep[0], ep[1], ep[2])
 	b.Logf("delivered to sink - not_before:   p50 %s p99 %s max %s; duplicates %d", dp[0], dp[1], dp[2], dups)
@@ -216,24 +214,6 @@ func signedReminder(t testing.TB, sk, d string, nb int64) *nostr.Event {
 		t.Fatal(err)
 	}
 	return ev
-}
-
-// percentiles returns p50, p99 and max.
-func percentiles(ds []time.Duration) [3]time.Duration {
-	s := append([]time.Duration(nil), ds...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	if len(s) == 0 {
-		return [3]time.Duration{}
-	}
-	at := func(p float64) time.Duration { return s[int(p*float64(len(s)-1))] }
-	return [3]time.Duration{at(0.50), at(0.99), s[len(s)-1]}
-}
-
-func envInt(name string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
-		return v
-	}
-	return def
 }
 
 // benchLogger: quiet unless BUZZ_BENCH_LOG names a file (then the schedulers' per-batch timings).

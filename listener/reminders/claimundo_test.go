@@ -15,9 +15,7 @@ import (
 // A reminder claim that broke off after rows arrived rolls back the claims it received, at once
 // instead of after the lease (an hour here), and each reminder is still emitted exactly once.
 func TestSchedulerClaimBrokenOffRollsBack(t *testing.T) {
-	for _, bc := range testenv.ClaimBreaks {
-		t.Run(bc.Name, func(t *testing.T) { testSchedulerClaimBrokenOff(t, bc.Mode) })
-	}
+	testenv.ForEachClaimBreak(t, testSchedulerClaimBrokenOff)
 }
 
 func testSchedulerClaimBrokenOff(t *testing.T, mode testenv.ClaimBreak) {
@@ -47,14 +45,7 @@ func testSchedulerClaimBrokenOff(t *testing.T, mode testenv.ClaimBreak) {
 	// without one.
 	handled := func() bool { return undone.Reached() || strings.Contains(logs.String(), "reminder batch failed") }
 	testenv.WaitCut(t, cut)
-	if mode == testenv.BreakCommitsLater {
-		pid := blk.WaitBlocked()
-		testenv.WaitUntil(t, 10*time.Second, "the scheduler waiting for the claim to end, or past it", func() bool {
-			return handled() || testenv.WaitingForRowLock(t, e.pool)
-		})
-		blk.Release()
-		blk.WaitDone(pid)
-	}
+	blk.ReleaseLateCommit(mode, "the scheduler", handled)
 	testenv.WaitUntil(t, 10*time.Second, "the broken claim handled", handled)
 	if strings.Contains(logs.String(), "not settled") {
 		t.Fatalf("the undo gave up waiting for the claim to end:\n%s", logs.String())

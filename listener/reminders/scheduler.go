@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/buzzpg/buzzpg/internal/metrics"
+	"github.com/buzzpg/buzzpg/listener"
 )
 
 // Config configures one process's reminder scheduler.
@@ -48,9 +49,7 @@ type Scheduler struct {
 
 	mu       sync.Mutex
 	inflight map[string]int64 // id -> stamp of our claims not yet confirmed or rolled back
-	cancel   context.CancelFunc
-	done     chan struct{}
-	closed   bool
+	runner   listener.Runner
 
 	// listenStable is how long a LISTEN connection must have lasted for its loss to restart the
 	// reconnect back-off (a variable for tests).
@@ -101,16 +100,11 @@ func NewScheduler(cfg Config, pool *pgxpool.Pool) *Scheduler {
 // Run schedules until ctx ends or Close is called. On the way out it rolls back the claims it
 // still holds unconfirmed, so another process can deliver them at once instead of after the lease.
 func (s *Scheduler) Run(ctx context.Context) error {
-	s.mu.Lock()
-	if s.closed || s.done != nil {
-		s.mu.Unlock()
+	ctx, finish, ok := s.runner.Start(ctx)
+	if !ok {
 		return errors.New("reminder scheduler: already running or closed")
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	s.cancel, s.done = cancel, make(chan struct{})
-	s.mu.Unlock()
-	defer close(s.done)
-	defer cancel()
+	defer finish()
 
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -167,17 +161,8 @@ func (s *Scheduler) Run(ctx context.Context) error {
 // Close stops Run and rolls back this scheduler's unconfirmed claims (stamp-guarded, so a claim
 // someone else recovered meanwhile is left alone).
 func (s *Scheduler) Close(ctx context.Context) error {
-	s.mu.Lock()
-	s.closed = true
-	cancel, done := s.cancel, s.done
-	s.mu.Unlock()
-	if cancel != nil {
-		cancel()
-		select {
-		case <-done:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	if err := s.runner.Stop(ctx); err != nil {
+		return err
 	}
 	return s.releaseAll(ctx, 0)
 }

@@ -195,10 +195,16 @@ func TestSchedulerSleepsUntilNotBeforeAndEmitsOnce(t *testing.T) {
 	if st, _, _ := e.state(far.ID); st != "armed" {
 		t.Fatalf("far reminder %s", st)
 	}
-	// Rows are confirmed once the commit is in; the scheduler counts them once its call returns.
-	testenv.WaitUntil(t, 10*time.Second, "the scheduler counting its confirms", func() bool { return s.confirmed.Load() >= 2 })
-	if n := s.confirmed.Load(); n != 2 {
-		t.Fatalf("scheduler confirmed %d, want 2", n)
+	s.wantConfirmed(t, 2)
+}
+
+// wantConfirmed waits until the scheduler has counted n confirms, and fails on more. Rows are
+// confirmed once the commit is in; the scheduler counts them once its call returns.
+func (s *Scheduler) wantConfirmed(t *testing.T, n int64) {
+	t.Helper()
+	testenv.WaitUntil(t, 10*time.Second, "the scheduler counting its confirms", func() bool { return s.confirmed.Load() >= n })
+	if got := s.confirmed.Load(); got != n {
+		t.Fatalf("scheduler confirmed %d, want %d", got, n)
 	}
 }
 
@@ -263,11 +269,7 @@ func TestSchedulerUnknownOutcomeRereadsByStamp(t *testing.T) {
 	if due := e.dueStamps(); len(due[ev.ID]) != 1 {
 		t.Fatalf("due messages %v, want exactly one", due)
 	}
-	// The row is confirmed once the commit is in; the scheduler counts it once its call returns.
-	testenv.WaitUntil(t, 10*time.Second, "the scheduler counting its confirm", func() bool { return s.confirmed.Load() >= 1 })
-	if n := s.confirmed.Load(); n != 1 {
-		t.Fatalf("confirmed %d", n)
-	}
+	s.wantConfirmed(t, 1)
 }
 
 // The commit happened but the scheduler did not hear back: the re-read sees the row confirmed
@@ -298,17 +300,8 @@ func TestSchedulerResolveUnknownCommitted(t *testing.T) {
 // process delivers them at once instead of after the lease.
 func TestSchedulerCloseRollsBackOwnClaims(t *testing.T) {
 	e := newEnv(t)
-	reached := make(chan struct{}, 1)
-	defer hooks.Set("reminder.after_claim", func(ctx context.Context) {
-		if ctx.Value(schedKey{}) != "closing" {
-			return
-		}
-		select {
-		case reached <- struct{}{}:
-		default:
-		}
-		<-ctx.Done() // held here until Close cancels the scheduler
-	})()
+	reached, undo := holdAfterClaim("closing", nil) // held there until Close cancels the scheduler
+	defer undo()
 	evs := []*nostr.Event{e.store(time.Now().Unix() - 1), e.store(time.Now().Unix() - 1)}
 	s := e.start("closing", Config{Lease: time.Hour})
 	<-reached
@@ -339,21 +332,9 @@ func TestSchedulerCloseRollsBackOwnClaims(t *testing.T) {
 // lease; when it comes back its confirm is fenced out by the new stamp: one emission in all.
 func TestSchedulerRecoversStalledClaimOnce(t *testing.T) {
 	e := newEnv(t)
-	reached := make(chan struct{}, 1)
 	release := make(chan struct{})
-	defer hooks.Set("reminder.after_claim", func(ctx context.Context) {
-		if ctx.Value(schedKey{}) != "stalled" {
-			return
-		}
-		select {
-		case reached <- struct{}{}:
-		default:
-		}
-		select {
-		case <-release:
-		case <-ctx.Done():
-		}
-	})()
+	reached, undo := holdAfterClaim("stalled", release)
+	defer undo()
 	ev := e.store(time.Now().Unix() - 1)
 	stalled := e.start("stalled", Config{Lease: 300 * time.Millisecond})
 	<-reached
@@ -498,4 +479,25 @@ func TestSchedulerBurstUsesBatches(t *testing.T) {
 	if txns > (n+99)/100 || messages > (n+99)/100+txns {
 		t.Fatalf("%d reminders confirmed in %d transactions and %d messages; a burst must go at least 100 to a transaction and to a message", n, txns, messages)
 	}
+}
+
+// holdAfterClaim holds the scheduler started as name right after each claim, until release is
+// closed or the scheduler stops (a nil release: until it stops). reached receives a signal when
+// it is held; undo removes the hook.
+func holdAfterClaim(name string, release <-chan struct{}) (reached <-chan struct{}, undo func()) {
+	r := make(chan struct{}, 1)
+	undo = hooks.Set("reminder.after_claim", func(ctx context.Context) {
+		if ctx.Value(schedKey{}) != name {
+			return
+		}
+		select {
+		case r <- struct{}{}:
+		default:
+		}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+	})
+	return r, undo
 }

@@ -18,12 +18,7 @@ func TestSchedulerStopDuringClaimRollsBack(t *testing.T) {
 	s := NewScheduler(Config{InstanceID: "stopping", DatabaseURL: e.url, Lease: time.Hour,
 		Logger: testenv.Logger(t, slog.LevelInfo, nil)}, e.pool)
 	cancel, stopped := testenv.RunStoppable(t, s.Run) // its first batch claims the due reminder and blocks
-	pid := blk.WaitBlocked()
-	cancel()
-	blk.Release()
-	stopped()
-	blk.WaitDone(pid)
-	blk.Drop()
+	blk.StopWhileBlocked(cancel, stopped)
 
 	if st, rb, _ := e.state(ev.ID); st != "armed" || rb != 1 {
 		t.Fatalf("after stopping mid-claim: %s with %d rollbacks, want armed/1 (not held for the lease)", st, rb)

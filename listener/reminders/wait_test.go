@@ -77,12 +77,7 @@ func TestSchedulerStopDuringConfirmLetsItFinish(t *testing.T) {
 	s := NewScheduler(Config{InstanceID: "stopping", DatabaseURL: e.url, Lease: time.Hour,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))}, e.pool)
 	cancel, stopped := testenv.RunStoppable(t, s.Run) // its first batch claims the due reminder, confirm blocks
-	pid := blk.WaitBlocked()
-	cancel()
-	blk.Release()
-	stopped()
-	blk.WaitDone(pid)
-	blk.Drop()
+	blk.StopWhileBlocked(cancel, stopped)
 
 	t.Log(logs.String())
 	if strings.Contains(logs.String(), "outcome unknown") {
@@ -117,16 +112,11 @@ func TestSchedulerListenBackoffStartsOverAfterAHealthyConnection(t *testing.T) {
 // the reconnect waits, with listenStable set to stable.
 func listenWaits(t *testing.T, stable time.Duration) []time.Duration {
 	e := newEnv(t)
-	var mu sync.Mutex
-	var waits []time.Duration
+	var waits waitLog
 	s := NewScheduler(Config{InstanceID: "blips", DatabaseURL: e.url,
 		Logger: testenv.Logger(t, slog.LevelInfo, nil)}, e.pool)
 	s.listenStable = stable
-	s.onListenWait = func(d time.Duration) {
-		mu.Lock()
-		waits = append(waits, d)
-		mu.Unlock()
-	}
+	s.onListenWait = waits.add
 	_, stopped := testenv.RunStoppable(t, s.Run)
 	defer func() { s.Close(context.Background()); stopped() }()
 	ctx := context.Background()
@@ -139,9 +129,25 @@ func listenWaits(t *testing.T, stable time.Duration) []time.Duration {
 		testenv.WaitUntil(t, 10*time.Second, "the LISTEN connection seen lost", func() bool { return !s.listening.Load() })
 	}
 	testenv.WaitUntil(t, 10*time.Second, "LISTEN up again", s.listening.Load)
-	mu.Lock()
-	defer mu.Unlock()
-	return append([]time.Duration(nil), waits...)
+	return waits.all()
+}
+
+// waitLog records the waits a scheduler hook reports from the scheduler's goroutines.
+type waitLog struct {
+	mu    sync.Mutex
+	waits []time.Duration
+}
+
+func (w *waitLog) add(d time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.waits = append(w.waits, d)
+}
+
+func (w *waitLog) all() []time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.waits)
 }
 
 // An empty claim while expired reminders are due is progress, not a skipped row: the claim cancels
@@ -159,16 +165,11 @@ func TestSchedulerDoesNotBackOffWhileCancellingExpiredReminders(t *testing.T) {
 	}
 	valid := e.store(now - 1) // due after the expired ones (claims take the oldest not_before first)
 
-	var mu sync.Mutex
-	var waits []time.Duration
+	var log waitLog
 	s := NewScheduler(Config{InstanceID: "expired", DatabaseURL: e.url, BatchSize: 10,
 		MinInterval: 10 * time.Millisecond, MaxSleep: time.Hour,
 		Logger: testenv.Logger(t, slog.LevelInfo, nil)}, e.pool)
-	s.onWait = func(d time.Duration) {
-		mu.Lock()
-		waits = append(waits, d)
-		mu.Unlock()
-	}
+	s.onWait = log.add
 	_, stopped := testenv.RunStoppable(t, s.Run)
 	defer func() { s.Close(context.Background()); stopped() }()
 	e.waitState(valid.ID, "confirmed", 10*time.Second)
@@ -177,8 +178,7 @@ func TestSchedulerDoesNotBackOffWhileCancellingExpiredReminders(t *testing.T) {
 			t.Fatalf("expired reminder %s is %s, want cancelled", id, st)
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	waits := log.all()
 	for _, d := range waits {
 		if d != s.cfg.MinInterval && d != s.cfg.MaxSleep {
 			t.Fatalf("waits %v: backed off (%v) while claims were cancelling expired reminders", waits, d)

@@ -10,9 +10,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -265,8 +263,5 @@ func quantiles(d []time.Duration) [3]time.Duration {
 
 // benchRate is the offered change rate (BUZZ_BENCH_RATE, default 500/s).
 func benchRate() int {
-	if r, err := strconv.Atoi(os.Getenv("BUZZ_BENCH_RATE")); err == nil && r > 0 {
-		return r
-	}
-	return 500
+	return testenv.EnvInt("BUZZ_BENCH_RATE", 500)
 }

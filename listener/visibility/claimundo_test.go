@@ -13,9 +13,7 @@ import (
 // ones that never arrived too, at once instead of after the lease; each viewer is then
 // published once.
 func TestSnapshotClaimBrokenOffReleases(t *testing.T) {
-	for _, bc := range testenv.ClaimBreaks {
-		t.Run(bc.Name, func(t *testing.T) { testSnapshotClaimBrokenOff(t, bc.Mode) })
-	}
+	testenv.ForEachClaimBreak(t, testSnapshotClaimBrokenOff)
 }
 
 func testSnapshotClaimBrokenOff(t *testing.T, mode testenv.ClaimBreak) {
@@ -48,14 +46,7 @@ func testSnapshotClaimBrokenOff(t *testing.T, mode testenv.ClaimBreak) {
 		return undone.Reached() || strings.Contains(e.logs.String(), "visibility claim failed")
 	}
 	testenv.WaitCut(t, cut)
-	if mode == testenv.BreakCommitsLater {
-		pid := blk.WaitBlocked()
-		testenv.WaitUntil(t, 10*time.Second, "the publisher waiting for the claim to end, or past it", func() bool {
-			return handled() || testenv.WaitingForRowLock(t, e.pool)
-		})
-		blk.Release()
-		blk.WaitDone(pid)
-	}
+	blk.ReleaseLateCommit(mode, "the publisher", handled)
 	testenv.WaitUntil(t, 10*time.Second, "the broken claim handled", handled)
 	if strings.Contains(e.logs.String(), "not settled") {
 		t.Fatalf("the undo gave up waiting for the claim to end:\n%s", e.logs.String())

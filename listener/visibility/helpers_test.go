@@ -37,23 +37,7 @@ func newEnv(t testing.TB) *env {
 	e := &env{t: t, url: url, pool: testenv.Pool(t, url), logs: &testenv.LogBuf{}}
 	e.sk, e.pk = testenv.NewKey()
 	e.setRelayKey(e.pk)
-	e.exec(`
-		CREATE TABLE public.snapshot_audit (
-		  seq bigserial PRIMARY KEY, viewer text, generation bigint, created_at bigint, pubkey text,
-		  hidden text[], at timestamptz DEFAULT clock_timestamp());
-		CREATE FUNCTION public.snapshot_audit_fn() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-		  -- Runs inside publish_visibility_snapshot, after its fence UPDATE: the state row holds the
-		  -- generation being published.
-		  INSERT INTO public.snapshot_audit (viewer, generation, created_at, pubkey, hidden)
-		  SELECT NEW.d_tag, s.published_generation, NEW.created_at, NEW.pubkey,
-		         coalesce((SELECT array_agg(t->>1 ORDER BY t->>1) FROM jsonb_array_elements(NEW.tags) t
-		                    WHERE t->>0 = 'h'), '{}')
-		    FROM buzz.visibility_state s WHERE s.viewer = NEW.d_tag;
-		  RETURN NULL;
-		END $$;
-		CREATE TRIGGER snapshot_audit AFTER INSERT ON buzz.events
-		  FOR EACH ROW WHEN (NEW.kind = 30622) EXECUTE FUNCTION public.snapshot_audit_fn();`)
+	testenv.SnapshotAudit(t, e.pool)
 	return e
 }
 

@@ -20,6 +20,7 @@ import (
 
 	"github.com/buzzpg/buzzpg/internal/logx"
 	"github.com/buzzpg/buzzpg/internal/metrics"
+	"github.com/buzzpg/buzzpg/listener"
 )
 
 // Config configures one process's snapshot publisher.
@@ -54,12 +55,9 @@ type Publisher struct {
 	sweepNow chan struct{} // repair, then wake (LISTEN (re)connected)
 	listenUp atomic.Bool
 
-	mu      sync.Mutex
-	claims  map[string]int // claim id -> rows still held by this process
-	running bool
-	closed  bool
-	cancel  context.CancelFunc
-	done    chan struct{}
+	mu     sync.Mutex
+	claims map[string]int // claim id -> rows still held by this process
+	runner listener.Runner
 
 	onPublished func(viewer string) // tests and benchmarks: after a 'published' commit
 
@@ -102,7 +100,6 @@ func NewPublisher(cfg Config, pool *pgxpool.Pool) *Publisher {
 		wake:     make(chan struct{}, 1),
 		sweepNow: make(chan struct{}, 1),
 		claims:   map[string]int{},
-		done:     make(chan struct{}),
 		failLog:  logx.Sampler{Every: 10 * time.Second},
 	}
 	p.pub, _ = nostr.GetPublicKey(cfg.RelaySecretKey)
@@ -115,15 +112,11 @@ func (p *Publisher) Run(ctx context.Context) error {
 	if p.pub == "" {
 		return errors.New("snapshot publisher: invalid relay secret key")
 	}
-	p.mu.Lock()
-	if p.running || p.closed {
-		p.mu.Unlock()
+	ctx, finish, ok := p.runner.Start(ctx)
+	if !ok {
 		return errors.New("snapshot publisher: Run called twice or after Close")
 	}
-	p.running = true
-	ctx, p.cancel = context.WithCancel(ctx)
-	p.mu.Unlock()
-	defer close(p.done)
+	defer finish()
 
 	var cfgKey string
 	if err := p.pool.QueryRow(ctx, `SELECT coalesce(buzz.cfg('relay_pubkey'), '')`).Scan(&cfgKey); err == nil && cfgKey != p.pub {
@@ -207,17 +200,8 @@ func (p *Publisher) worker(ctx context.Context) {
 // Close stops Run and gives back, without backoff, every row this process still holds, so
 // another listener takes it at once (their NOTIFY trigger fires on the release).
 func (p *Publisher) Close(ctx context.Context) error {
-	p.mu.Lock()
-	p.closed = true
-	cancel, running := p.cancel, p.running
-	p.mu.Unlock()
-	if running {
-		cancel()
-		select {
-		case <-p.done:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	if err := p.runner.Stop(ctx); err != nil {
+		return err
 	}
 	p.mu.Lock()
 	ids := make([]string, 0, len(p.claims))

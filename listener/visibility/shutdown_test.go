@@ -24,13 +24,8 @@ func TestSnapshotStopDuringClaimGivesRowsBack(t *testing.T) {
 	testenv.WaitUntil(t, 10*time.Second, "publisher A listening", a.listening)
 
 	e.hide(viewer, x) // A is woken; its claim blocks inside the UPDATE
-	pid := blk.WaitBlocked()
-	cancel() // stop A while the claim is half done
-	blk.Release()
-	stopped()
-	testenv.CloseWithin(t, a.Close)
-	blk.WaitDone(pid)
-	blk.Drop()
+	// Stop A while the claim is half done.
+	blk.StopWhileBlocked(cancel, func() { stopped(); testenv.CloseWithin(t, a.Close) })
 
 	e.assertUnclaimed(viewer)
 	e.start(e.publisher("B", nil))

@@ -161,13 +161,7 @@ func TestShadowObjectsInPublicNeverRun(t *testing.T) {
 
 	// A group DM opened by command, hidden by command (a snapshot), a message that resurfaces it.
 	msg := ca.MustPublish(a.Event(t, 41010, nostr.Tags{{"p", b.PK}, {"p", c.PK}}, ""))
-	var resp struct {
-		ChannelID string `json:"channel_id"`
-	}
-	if err := json.Unmarshal([]byte(strings.TrimPrefix(msg, "response:")), &resp); err != nil || resp.ChannelID == "" {
-		t.Fatalf("DM open answered %q", msg)
-	}
-	ch := resp.ChannelID
+	ch := testenv.DMChannelID(t, msg)
 	snaps := cb.Subscribe(nostr.Filter{Kinds: []int{30622}, Tags: nostr.TagMap{"p": {b.PK}}})
 	inDM := cb.Subscribe(nostr.Filter{Kinds: []int{9}, Tags: nostr.TagMap{"h": {ch}}})
 	cb.MustPublish(b.Event(t, 41012, nostr.Tags{{"h", ch}}, ""))
@@ -210,13 +204,7 @@ func TestShadowObjectsInPublicNeverRun(t *testing.T) {
 	}
 
 	// A reminder due now is claimed and confirmed, its due signal emitted.
-	rem := a.Event(t, 30300, nostr.Tags{{"d", "standup"}, {"not_before", fmt.Sprint(time.Now().Unix())}}, "enc")
-	ca.MustPublish(rem)
-	testenv.WaitUntil(t, 20*time.Second, "the reminder confirmed", func() bool {
-		var state string
-		_ = admin.QueryRow(ctx, `SELECT state FROM buzz.reminders WHERE id = $1`, rem.ID).Scan(&state)
-		return state == "confirmed"
-	})
+	remindNowAndWaitConfirmed(t, ca, a, admin)
 }
 
 // The fan-out delivers what arrives as a logical message with prefix 'buzz', so writing one is

@@ -3,6 +3,7 @@ package ops
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -13,6 +14,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/db"
 	"github.com/buzzpg/buzzpg/internal/testenv"
@@ -328,4 +332,17 @@ func TestSharedSettingReplacementIsLogged(t *testing.T) {
 	if !regexp.MustCompile(`replaces a shared setting[^\n]*relay_pubkey`).MatchString(upgraded.Log()) {
 		t.Fatalf("after an upgrade, a process with another relay key did not say it replaced relay_pubkey:\n%s", upgraded.Log())
 	}
+}
+
+// remindNowAndWaitConfirmed publishes, as u over c, a reminder due now, and waits until a
+// scheduler has claimed and confirmed it (admin reads its row).
+func remindNowAndWaitConfirmed(t *testing.T, c *testenv.Client, u testenv.User, admin *pgxpool.Pool) {
+	t.Helper()
+	rem := u.Event(t, 30300, nostr.Tags{{"d", "standup"}, {"not_before", fmt.Sprint(time.Now().Unix())}}, "enc")
+	c.MustPublish(rem)
+	testenv.WaitUntil(t, 20*time.Second, "the reminder confirmed", func() bool {
+		var state string
+		_ = admin.QueryRow(context.Background(), `SELECT state FROM buzz.reminders WHERE id = $1`, rem.ID).Scan(&state)
+		return state == "confirmed"
+	})
 }

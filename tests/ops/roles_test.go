@@ -2,9 +2,6 @@ package ops
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -42,17 +39,9 @@ func TestRelayAndOperatorRunWithTheirRolesOnly(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	as := func(role string) string {
-		u, err := url.Parse(dbURL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		u.User = url.User(role)
-		return u.String()
-	}
 
 	relayKey, _ := testenv.NewKey()
-	r := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: as(relayRole), RelayKey: relayKey,
+	r := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: testenv.AsRole(t, dbURL, relayRole), RelayKey: relayKey,
 		Env: map[string]string{"BUZZ_AUTO_MIGRATE": "false"}})
 	a, b := testenv.NewUser(), testenv.NewUser()
 	ca, cb := testenv.Dial(t, r.URL), testenv.Dial(t, r.URL)
@@ -61,13 +50,7 @@ func TestRelayAndOperatorRunWithTheirRolesOnly(t *testing.T) {
 
 	// A DM, hidden by B: B's snapshot is published (publisher) and reaches B live (fan-out).
 	msg := ca.MustPublish(a.Event(t, 41010, nostr.Tags{{"p", b.PK}}, ""))
-	var resp struct {
-		ChannelID string `json:"channel_id"`
-	}
-	if err := json.Unmarshal([]byte(strings.TrimPrefix(msg, "response:")), &resp); err != nil || resp.ChannelID == "" {
-		t.Fatalf("DM open answered %q", msg)
-	}
-	ch := resp.ChannelID
+	ch := testenv.DMChannelID(t, msg)
 	snaps := cb.Subscribe(nostr.Filter{Kinds: []int{30622}, Tags: nostr.TagMap{"p": {b.PK}}})
 	cb.MustPublish(b.Event(t, 41012, nostr.Tags{{"h", ch}}, ""))
 	snaps.WaitN(1, 20*time.Second)
@@ -80,13 +63,7 @@ func TestRelayAndOperatorRunWithTheirRolesOnly(t *testing.T) {
 	snaps.WaitN(2, 20*time.Second)
 
 	// A reminder due now is claimed and confirmed by the scheduler.
-	rem := a.Event(t, 30300, nostr.Tags{{"d", "standup"}, {"not_before", fmt.Sprint(time.Now().Unix())}}, "enc")
-	ca.MustPublish(rem)
-	testenv.WaitUntil(t, 20*time.Second, "the reminder confirmed", func() bool {
-		var state string
-		_ = admin.QueryRow(ctx, `SELECT state FROM buzz.reminders WHERE id = $1`, rem.ID).Scan(&state)
-		return state == "confirmed"
-	})
+	remindNowAndWaitConfirmed(t, ca, a, admin)
 
 	// A deletion, and a query that no longer finds the deleted note.
 	note := a.Event(t, 1, nil, "note")
@@ -97,19 +74,19 @@ func TestRelayAndOperatorRunWithTheirRolesOnly(t *testing.T) {
 	}
 
 	// `buzzpg send` signs with the relay key: the relay's role, not the operator's.
-	out, code := runBinary(t, []string{"DATABASE_URL=" + as(relayRole), "BUZZ_RELAY_KEY=" + relayKey},
+	out, code := runBinary(t, []string{"DATABASE_URL=" + testenv.AsRole(t, dbURL, relayRole), "BUZZ_RELAY_KEY=" + relayKey},
 		"send", "--channel", ch, "--as", a.PK, "deploy finished")
 	if code != 0 {
 		t.Fatalf("send as %s: exit %d: %s", relayRole, code, out)
 	}
-	out, code = runBinary(t, []string{"DATABASE_URL=" + as(opRole), "BUZZ_RELAY_KEY=" + relayKey},
+	out, code = runBinary(t, []string{"DATABASE_URL=" + testenv.AsRole(t, dbURL, opRole), "BUZZ_RELAY_KEY=" + relayKey},
 		"send", "--channel", ch, "--as", a.PK, "deploy finished")
 	if code == 0 || !strings.Contains(out, "permission denied for function accept_event") {
 		t.Fatalf("send as %s: exit %d: %s, want permission denied for accept_event", opRole, code, out)
 	}
 
 	// The operator's psql tour.
-	op, err := pgxpool.New(ctx, as(opRole))
+	op, err := pgxpool.New(ctx, testenv.AsRole(t, dbURL, opRole))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package ops
 import (
 	"context"
 	"fmt"
-	neturl "net/url"
 	"strings"
 	"testing"
 	"time"
@@ -65,13 +64,8 @@ func TestStartupRefusesARoleWithoutReplication(t *testing.T) {
 		}
 	}
 	t.Cleanup(func() { _, _ = pool.Exec(ctx, `DROP ROLE `+role) })
-	u, err := neturl.Parse(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = neturl.User(role)
 	key, _ := testenv.NewKey()
-	out, code := runBinary(t, []string{"DATABASE_URL=" + u.String(), "BUZZ_RELAY_KEY=" + key, "BUZZ_LISTEN=127.0.0.1:0", "BUZZ_AUTO_MIGRATE=false"}, "serve")
+	out, code := runBinary(t, []string{"DATABASE_URL=" + testenv.AsRole(t, url, role), "BUZZ_RELAY_KEY=" + key, "BUZZ_LISTEN=127.0.0.1:0", "BUZZ_AUTO_MIGRATE=false"}, "serve")
 	if code == 0 || !strings.Contains(out, "may not open replication connections") || !strings.Contains(out, "ALTER ROLE") || !strings.Contains(out, role) {
 		t.Fatalf("exit %d, no clear REPLICATION error:\n%s", code, out)
 	}
