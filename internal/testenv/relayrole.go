@@ -3,7 +3,6 @@ package testenv
 import (
 	"context"
 	"net/url"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,15 +15,6 @@ import (
 // with REPLICATION, not the superuser that owns the schema (scripts/pg.sh makes the same one for
 // `make run`).
 const RelayLogin = "buzz_relay_login"
-
-// relayLogins remembers, per server (host:port), whether RelayLogin exists there: the chaos
-// soak and other tests start private clusters beside the shared one.
-var relayLogins sync.Map // host:port -> *relayLoginState
-
-type relayLoginState struct {
-	once sync.Once
-	err  error
-}
 
 // AsRole returns u with its user replaced by role (no password: the test server trusts loopback).
 func AsRole(t testing.TB, u, role string) string {
@@ -54,11 +44,10 @@ func relayURL(t testing.TB, dbURL string, asOwner bool) string {
 	if asOwner || p.User.Username() != admin.User.Username() || !schemaCurrent(dbURL) {
 		return dbURL
 	}
-	v, _ := relayLogins.LoadOrStore(p.Host, &relayLoginState{})
-	st := v.(*relayLoginState)
-	st.once.Do(func() { st.err = ensureRelayLogin(dbURL) })
-	if st.err != nil {
-		t.Logf("testenv: relays run as %s: cannot create role %s: %v", admin.User.Username(), RelayLogin, st.err)
+	// Made each time, not once per address: a private cluster (the chaos soak's) may come and go
+	// on the same port.
+	if err := ensureRelayLogin(dbURL); err != nil {
+		t.Logf("testenv: relays run as %s: cannot create role %s: %v", admin.User.Username(), RelayLogin, err)
 		return dbURL
 	}
 	return AsRole(t, dbURL, RelayLogin)
