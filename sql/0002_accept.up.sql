@@ -778,9 +778,10 @@ COMMENT ON FUNCTION buzz.plain_events(jsonb) IS
 -- one in their order: the event:<id> locks, sorted by id, in one statement; then, with a snapshot
 -- taken after them, the look-ups of stored ids and the author's tombstones and the insert in one
 -- statement. Of several storable events with one id the first is stored, the later ones are
--- duplicates, as they would be one after another.
-CREATE FUNCTION buzz.accept_plain_run(evs jsonb, lo integer, hi integer)
-RETURNS TABLE (i bigint, ok boolean, message text)
+-- duplicates, as they would be one after another. In a subtransaction: a run refused with a
+-- client SQLSTATE (a value too long to index) is rolled back whole and returns NULLs, and
+-- accept_events runs its events one by one, so each gets its own verdict.
+CREATE FUNCTION buzz.accept_plain_run(evs jsonb, lo integer, hi integer, OUT oks boolean[], OUT msgs text[])
 LANGUAGE plpgsql
 SET search_path = pg_catalog, buzz, pg_temp
 AS $$
@@ -788,7 +789,6 @@ BEGIN
   PERFORM pg_advisory_xact_lock(pg_catalog.hashtextextended('event:' || s.id, 0::bigint))  -- see accept_event
      FROM (SELECT DISTINCT a.e->>'id' AS id FROM jsonb_array_elements(evs) WITH ORDINALITY AS a(e, n)
             WHERE a.n BETWEEN lo AND hi ORDER BY 1) s;
-  RETURN QUERY
   WITH input AS MATERIALIZED (
     SELECT a.n, a.e->>'id' AS id, a.e->>'pubkey' AS pubkey, (a.e->>'created_at')::bigint AS created_at,
            (a.e->>'kind')::integer AS kind, a.e->'tags' AS tags, a.e->>'content' AS content, a.e->>'sig' AS sig,
@@ -807,19 +807,24 @@ BEGIN
              WHERE y.t->>0 = 'expiration' AND y.t->>1 IS NOT NULL ORDER BY y.m LIMIT 1),
            '*'
       FROM input x JOIN firsts f ON f.n = x.n
-     ORDER BY x.id
+     ORDER BY x.n  -- the batch's order, which fan-out (WAL order) keeps
     ON CONFLICT (id) DO NOTHING
     RETURNING ev.id)
-  SELECT x.n, NOT (x.deleted AND NOT x.stored),
-         CASE WHEN x.stored THEN 'duplicate: already have this event'
-              WHEN x.deleted THEN 'blocked: deleted'
-              WHEN f.n IS NOT NULL AND EXISTS (SELECT 1 FROM ins WHERE ins.id = x.id) THEN ''
-              ELSE 'duplicate: already have this event' END
-    FROM input x LEFT JOIN firsts f ON f.n = x.n
-   ORDER BY x.n;
+  SELECT array_agg(NOT (x.deleted AND NOT x.stored) ORDER BY x.n),
+         array_agg(CASE WHEN x.stored THEN 'duplicate: already have this event'
+                        WHEN x.deleted THEN 'blocked: deleted'
+                        WHEN f.n IS NOT NULL AND EXISTS (SELECT 1 FROM ins WHERE ins.id = x.id) THEN ''
+                        ELSE 'duplicate: already have this event' END ORDER BY x.n)
+    INTO oks, msgs
+    FROM input x LEFT JOIN firsts f ON f.n = x.n;
+EXCEPTION
+  WHEN SQLSTATE 'BZ400' OR SQLSTATE 'BZ401' OR SQLSTATE 'BZ403' OR SQLSTATE 'BZ409'
+    OR SQLSTATE 'BZ429' OR SQLSTATE '22P05' OR SQLSTATE '22P02' OR SQLSTATE '22003'
+    OR SQLSTATE '54000' THEN
+    oks := NULL; msgs := NULL;
 END $$;
 COMMENT ON FUNCTION buzz.accept_plain_run(jsonb, integer, integer) IS
-  'Stores the plain events lo..hi of an accept_events array (plain_events) with accept_event''s verdicts: one statement takes their event:<id> locks sorted by id, one looks up stored ids and the authors'' tombstones and inserts. Returns (i, ok, message) per event, in order.';
+  'Stores the plain events lo..hi of an accept_events array (plain_events) with accept_event''s verdicts, in one subtransaction: one statement takes their event:<id> locks sorted by id, one looks up stored ids and the authors'' tombstones and inserts. Returns each event''s ok and message, in order; NULLs when the run was refused with a client SQLSTATE and rolled back.';
 
 -- Group commit: most of an accepted event's cost is the transaction around it (round trip,
 -- commit, WAL flush, a walsender wake-up), so the relay sends the events that arrive together as
@@ -827,9 +832,8 @@ COMMENT ON FUNCTION buzz.accept_plain_run(jsonb, integer, integer) IS
 -- stored set-based (accept_plain_run) in one subtransaction; every other event runs accept_event
 -- in its own. Only consecutive ones: an event with effects (a deletion) must see the plain events
 -- before it stored and its effects must reach the plain events after it. One refused with a
--- client SQLSTATE rolls back alone and its row says why; a run refused so (a value too long to
--- index) goes again event by event; any other error aborts the call, and the relay then stores
--- each event on its own.
+-- client SQLSTATE rolls back alone and its row says why (a run refused so goes again event by
+-- event); any other error aborts the call, and the relay then stores each event on its own.
 -- At most 60 events: PostgreSQL caches 64 subtransaction ids per backend, and a transaction past
 -- that makes every other backend's snapshots look up pg_subtrans.
 -- accept_event turns synchronous_commit off for an ephemeral event. That outlives the
@@ -882,19 +886,13 @@ BEGIN
       WHILE j < n AND plain[j + 1] LOOP
         j := j + 1;
       END LOOP;
-      BEGIN
-        SELECT array_agg(r.ok ORDER BY r.i), array_agg(r.message ORDER BY r.i) INTO oks, msgs
-          FROM buzz.accept_plain_run(evs, i, j) r;
-      EXCEPTION
-        WHEN SQLSTATE 'BZ400' OR SQLSTATE 'BZ401' OR SQLSTATE 'BZ403' OR SQLSTATE 'BZ409'
-          OR SQLSTATE 'BZ429' OR SQLSTATE '22P05' OR SQLSTATE '22P02' OR SQLSTATE '22003'
-          OR SQLSTATE '54000' THEN
-          -- Rolled back whole: the run goes again event by event, so each gets its own verdict.
-          FOR k IN i .. j LOOP
-            plain[k] := false;
-          END LOOP;
-          CONTINUE;
-      END;
+      SELECT r.oks, r.msgs INTO oks, msgs FROM buzz.accept_plain_run(evs, i, j) r;
+      IF oks IS NULL THEN  -- rolled back whole: event by event
+        FOR k IN i .. j LOOP
+          plain[k] := false;
+        END LOOP;
+        CONTINUE;
+      END IF;
       FOR k IN 1 .. j - i + 1 LOOP
         ok := oks[k]; message := msgs[k]; code := NULL;
         RETURN NEXT;
