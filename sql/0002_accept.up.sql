@@ -813,10 +813,10 @@ BEGIN
   SELECT array_agg(NOT (x.deleted AND NOT x.stored) ORDER BY x.n),
          array_agg(CASE WHEN x.stored THEN 'duplicate: already have this event'
                         WHEN x.deleted THEN 'blocked: deleted'
-                        WHEN f.n IS NOT NULL AND EXISTS (SELECT 1 FROM ins WHERE ins.id = x.id) THEN ''
+                        WHEN f.n IS NOT NULL AND ins.id IS NOT NULL THEN ''
                         ELSE 'duplicate: already have this event' END ORDER BY x.n)
     INTO oks, msgs
-    FROM input x LEFT JOIN firsts f ON f.n = x.n;
+    FROM input x LEFT JOIN firsts f ON f.n = x.n LEFT JOIN ins ON ins.id = x.id;
 EXCEPTION
   WHEN SQLSTATE 'BZ400' OR SQLSTATE 'BZ401' OR SQLSTATE 'BZ403' OR SQLSTATE 'BZ409'
     OR SQLSTATE 'BZ429' OR SQLSTATE '22P05' OR SQLSTATE '22P02' OR SQLSTATE '22003'
