@@ -30,8 +30,8 @@ INSERT INTO buzz.config(key, value) VALUES
 -- scope/scope_p/channel_id are the read gate (docs/protocol.md, Read gates), computed by accept_event:
 --   '*' everyone, 'a' author only, 'p' only scope_p, 'c' only members of channel_id.
 CREATE TABLE buzz.events (
-  id          text    PRIMARY KEY CHECK (id ~ '^[0-9a-f]{64}$'),
-  pubkey      text    NOT NULL CHECK (pubkey ~ '^[0-9a-f]{64}$'),
+  id          text    PRIMARY KEY CHECK (length(id) = 64 AND id ~ '^[0-9a-f]+$'),
+  pubkey      text    NOT NULL CHECK (length(pubkey) = 64 AND pubkey ~ '^[0-9a-f]+$'),
   created_at  bigint  NOT NULL,
   kind        integer NOT NULL CHECK (kind >= 0 AND kind <= 65535),
   tags        jsonb   NOT NULL,
@@ -97,7 +97,7 @@ CREATE TABLE buzz.channels (
 
 CREATE TABLE buzz.members (
   channel_id uuid NOT NULL REFERENCES buzz.channels(id) ON DELETE CASCADE,
-  pubkey     text NOT NULL CHECK (pubkey ~ '^[0-9a-f]{64}$'),
+  pubkey     text NOT NULL CHECK (length(pubkey) = 64 AND pubkey ~ '^[0-9a-f]+$'),
   joined_at  timestamptz NOT NULL DEFAULT now(),
   hidden_at  timestamptz,             -- NULL: visible to this member; set: hidden by this member
   PRIMARY KEY (channel_id, pubkey)
@@ -107,7 +107,7 @@ CREATE INDEX members_hidden_idx ON buzz.members (pubkey, channel_id) WHERE hidde
 
 -- Per-viewer visibility state: the truth. target > published means a snapshot is owed.
 CREATE TABLE buzz.visibility_state (
-  viewer               text   PRIMARY KEY CHECK (viewer ~ '^[0-9a-f]{64}$'),
+  viewer               text   PRIMARY KEY CHECK (length(viewer) = 64 AND viewer ~ '^[0-9a-f]+$'),
   target_generation    bigint NOT NULL DEFAULT 0,
   published_generation bigint NOT NULL DEFAULT 0,
   published_created_at bigint,          -- created_at of the published 30622 head

@@ -1,4 +1,6 @@
 DROP FUNCTION buzz.accept_events(jsonb, integer);
+DROP FUNCTION buzz.accept_plain_run(jsonb, integer, integer);
+DROP FUNCTION buzz.plain_events(jsonb);
 DROP FUNCTION buzz.accept_event(jsonb);
 DROP FUNCTION buzz.accept_dm_command(buzz.events);
 DROP FUNCTION buzz.accept_reminder(buzz.events, text);

@@ -729,11 +729,111 @@ END $$;
 COMMENT ON FUNCTION buzz.accept_event(jsonb) IS
   'The whole acceptance of one event whose id and signature the CALLER HAS VERIFIED (execute is granted to buzz_relay and buzz_operator only; operators post with `buzzpg send`, which signs). Stores with NIP-01 replacement, applies NIP-09/NIP-40, runs DM commands, resurfaces hidden DMs and bumps visibility generations, arms reminders, fans out ephemeral events, all in the caller''s transaction. Lock order: event:<id> advisory locks sorted by id (a deletion takes its own id with the ids it names), then address locks sorted by key, then rows. Returns (ok, message) for accepted/duplicate/have-newer/deleted; raises BZ400/BZ401/BZ403 (message carries the OK prefix) for rejections, among them a gift wrap (1059) whose p tags name no recipient or two different ones (the relay refuses the second as well; accept_event refuses it before any lock).';
 
+-- The set-based path of accept_events. Most events of a busy relay are plain: no h tag, a regular
+-- kind without effects (not 5, 1059, 41010-41012), well formed, not expired. accept_event would
+-- only lock, look up and insert each; a run of them is stored by two statements instead of one
+-- accept_event call each. plain_events says which events qualify; it is conservative: an event it
+-- refuses takes accept_event, which gives it its verdict, whatever it is.
+-- CASE, not AND, orders the tests: a cast or jsonb_array_length must not meet a value of the
+-- wrong type (a raised error would abort the whole call).
+CREATE FUNCTION buzz.plain_events(evs jsonb) RETURNS boolean[]
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+DECLARE
+  now_s bigint := buzz.now_unix();
+  max_future bigint := coalesce(buzz.cfg('max_future_seconds'), '900')::bigint;
+BEGIN
+  RETURN ARRAY(
+    SELECT CASE
+      WHEN jsonb_typeof(e) IS DISTINCT FROM 'object'
+        OR jsonb_typeof(e->'id') IS DISTINCT FROM 'string' OR jsonb_typeof(e->'pubkey') IS DISTINCT FROM 'string'
+        OR jsonb_typeof(e->'sig') IS DISTINCT FROM 'string'
+        OR jsonb_typeof(e->'created_at') IS DISTINCT FROM 'number'
+        OR jsonb_typeof(e->'kind') IS DISTINCT FROM 'number' OR jsonb_typeof(e->'tags') IS DISTINCT FROM 'array'
+        OR jsonb_typeof(e->'content') IS DISTINCT FROM 'string' THEN false
+      WHEN length(e->>'id') <> 64 OR length(e->>'pubkey') <> 64 OR length(e->>'sig') <> 128
+        OR (e->>'id') !~ '^[0-9a-f]+$' OR (e->>'pubkey') !~ '^[0-9a-f]+$' OR (e->>'sig') !~ '^[0-9a-f]+$' THEN false
+      WHEN (e->'created_at')::numeric NOT BETWEEN 0 AND now_s + max_future OR (e->'created_at')::numeric % 1 <> 0
+        OR (e->'kind')::numeric NOT BETWEEN 0 AND 65535 OR (e->'kind')::numeric % 1 <> 0 THEN false
+      WHEN (e->'kind')::numeric IN (0, 3, 5, 1059, 41010, 41011, 41012)
+        OR (e->'kind')::numeric BETWEEN 10000 AND 39999 THEN false
+      ELSE NOT EXISTS (
+        SELECT 1 FROM jsonb_array_elements(e->'tags') t
+         WHERE CASE WHEN jsonb_typeof(t) <> 'array' THEN true
+                    WHEN jsonb_array_length(t) = 0 THEN true
+                    WHEN EXISTS (SELECT 1 FROM jsonb_array_elements(t) v WHERE jsonb_typeof(v) <> 'string') THEN true
+                    ELSE t->>0 = 'h' END)
+        AND coalesce((SELECT x.t->>1 ~ '^[0-9]{1,16}$' AND (x.t->>1)::bigint > now_s
+                        FROM jsonb_array_elements(e->'tags') WITH ORDINALITY AS x(t, n)
+                       WHERE x.t->>0 = 'expiration' AND x.t->>1 IS NOT NULL
+                       ORDER BY x.n LIMIT 1), true)
+      END
+    FROM jsonb_array_elements(evs) WITH ORDINALITY AS a(e, i) ORDER BY i);
+END $$;
+COMMENT ON FUNCTION buzz.plain_events(jsonb) IS
+  'For each event of an accept_events array: whether it takes the set-based path (accept_plain_run): well formed, no h tag, a regular kind other than 5, 1059 and 41010-41012, created_at not too far ahead, not expired. false means accept_event decides.';
+
+-- Stores events lo..hi of evs (1-based), all plain (plain_events), as accept_event would one by
+-- one in their order: the event:<id> locks, sorted by id, in one statement; then, with a snapshot
+-- taken after them, the look-ups of stored ids and the author's tombstones and the insert in one
+-- statement. Of several storable events with one id the first is stored, the later ones are
+-- duplicates, as they would be one after another. In a subtransaction: a run refused with a
+-- client SQLSTATE (a value too long to index) is rolled back whole and returns NULLs, and
+-- accept_events runs its events one by one, so each gets its own verdict.
+CREATE FUNCTION buzz.accept_plain_run(evs jsonb, lo integer, hi integer, OUT oks boolean[], OUT msgs text[])
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+BEGIN
+  PERFORM pg_advisory_xact_lock(pg_catalog.hashtextextended('event:' || s.id, 0::bigint))  -- see accept_event
+     FROM (SELECT DISTINCT a.e->>'id' AS id FROM jsonb_array_elements(evs) WITH ORDINALITY AS a(e, n)
+            WHERE a.n BETWEEN lo AND hi ORDER BY 1) s;
+  WITH input AS MATERIALIZED (
+    SELECT a.n, a.e->>'id' AS id, a.e->>'pubkey' AS pubkey, (a.e->>'created_at')::bigint AS created_at,
+           (a.e->>'kind')::integer AS kind, a.e->'tags' AS tags, a.e->>'content' AS content, a.e->>'sig' AS sig,
+           EXISTS (SELECT 1 FROM buzz.events x WHERE x.id = a.e->>'id') AS stored,
+           EXISTS (SELECT 1 FROM buzz.deleted_ids x WHERE x.id = a.e->>'id' AND x.pubkey = a.e->>'pubkey') AS deleted
+      FROM jsonb_array_elements(evs) WITH ORDINALITY AS a(e, n)
+     WHERE a.n BETWEEN lo AND hi),
+  firsts AS MATERIALIZED (
+    SELECT DISTINCT ON (x.id) x.n FROM input x WHERE NOT x.stored AND NOT x.deleted ORDER BY x.id, x.n),
+  ins AS (
+    INSERT INTO buzz.events AS ev (id, pubkey, created_at, kind, tags, content, sig, tagvals, expires_at, scope)
+    SELECT x.id, x.pubkey, x.created_at, x.kind, x.tags, x.content, x.sig,
+           coalesce((SELECT array_agg(DISTINCT (t->>0) || ':' || (t->>1)) FROM jsonb_array_elements(x.tags) t
+                      WHERE length(t->>0) = 1 AND t->>1 IS NOT NULL), '{}'),
+           (SELECT (y.t->>1)::bigint FROM jsonb_array_elements(x.tags) WITH ORDINALITY AS y(t, m)
+             WHERE y.t->>0 = 'expiration' AND y.t->>1 IS NOT NULL ORDER BY y.m LIMIT 1),
+           '*'
+      FROM input x JOIN firsts f ON f.n = x.n
+     ORDER BY x.n  -- the batch's order, which fan-out (WAL order) keeps
+    ON CONFLICT (id) DO NOTHING
+    RETURNING ev.id)
+  SELECT array_agg(NOT (x.deleted AND NOT x.stored) ORDER BY x.n),
+         array_agg(CASE WHEN x.stored THEN 'duplicate: already have this event'
+                        WHEN x.deleted THEN 'blocked: deleted'
+                        WHEN f.n IS NOT NULL AND ins.id IS NOT NULL THEN ''
+                        ELSE 'duplicate: already have this event' END ORDER BY x.n)
+    INTO oks, msgs
+    FROM input x LEFT JOIN firsts f ON f.n = x.n LEFT JOIN ins ON ins.id = x.id;
+EXCEPTION
+  WHEN SQLSTATE 'BZ400' OR SQLSTATE 'BZ401' OR SQLSTATE 'BZ403' OR SQLSTATE 'BZ409'
+    OR SQLSTATE 'BZ429' OR SQLSTATE '22P05' OR SQLSTATE '22P02' OR SQLSTATE '22003'
+    OR SQLSTATE '54000' THEN
+    oks := NULL; msgs := NULL;
+END $$;
+COMMENT ON FUNCTION buzz.accept_plain_run(jsonb, integer, integer) IS
+  'Stores the plain events lo..hi of an accept_events array (plain_events) with accept_event''s verdicts, in one subtransaction: one statement takes their event:<id> locks sorted by id, one looks up stored ids and the authors'' tombstones and inserts. Returns each event''s ok and message, in order; NULLs when the run was refused with a client SQLSTATE and rolled back.';
+
 -- Group commit: most of an accepted event's cost is the transaction around it (round trip,
 -- commit, WAL flush, a walsender wake-up), so the relay sends the events that arrive together as
--- one call (internal/store/batch.go). Each event runs in its own subtransaction: one refused with
--- a client SQLSTATE rolls back alone and its row says why; any other error aborts the call, and
--- the relay then stores each event on its own.
+-- one call (internal/store/batch.go). Each run of consecutive plain events (plain_events) is
+-- stored set-based (accept_plain_run) in one subtransaction; every other event runs accept_event
+-- in its own. Only consecutive ones: an event with effects (a deletion) must see the plain events
+-- before it stored and its effects must reach the plain events after it. One refused with a
+-- client SQLSTATE rolls back alone and its row says why (a run refused so goes again event by
+-- event); any other error aborts the call, and the relay then stores each event on its own.
 -- At most 60 events: PostgreSQL caches 64 subtransaction ids per backend, and a transaction past
 -- that makes every other backend's snapshots look up pg_subtrans.
 -- accept_event turns synchronous_commit off for an ephemeral event. That outlives the
@@ -750,11 +850,18 @@ DECLARE
   sync_commit text := current_setting('synchronous_commit');
   old_lock_timeout text := current_setting('lock_timeout');
   durable boolean := false;
+  plain boolean[];
+  n integer;
+  i integer := 1;
+  j integer;
+  oks boolean[];
+  msgs text[];
 BEGIN
   IF evs IS NULL OR jsonb_typeof(evs) <> 'array' THEN
     PERFORM buzz.reject('BZ400', 'invalid: accept_events takes a JSON array of events');
   END IF;
-  IF jsonb_array_length(evs) > 60 THEN
+  n := jsonb_array_length(evs);
+  IF n > 60 THEN
     PERFORM buzz.reject('BZ400', 'invalid: at most 60 events per accept_events call (one subtransaction each)');
   END IF;
   IF lock_wait_ms IS NULL OR lock_wait_ms < 0 THEN
@@ -763,11 +870,36 @@ BEGIN
   IF lock_wait_ms > 0 THEN
     PERFORM set_config('lock_timeout', lock_wait_ms::text, true);
   END IF;
-  FOR ev IN SELECT e FROM jsonb_array_elements(evs) WITH ORDINALITY AS a(e, i) ORDER BY i LOOP
+  BEGIN
+    plain := buzz.plain_events(evs);
+  EXCEPTION WHEN OTHERS THEN
+    plain := array_fill(false, ARRAY[n]);  -- a configuration it cannot read: accept_event says why
+  END;
+  WHILE i <= n LOOP
+    ev := evs -> (i - 1);
     -- A kind that is not a number is refused by accept_event; count it as durable to be safe.
     durable := durable OR NOT coalesce(jsonb_typeof(ev -> 'kind') = 'number'
                                        AND (ev ->> 'kind')::numeric >= 20000
                                        AND (ev ->> 'kind')::numeric < 30000, false);
+    IF plain[i] THEN
+      j := i;
+      WHILE j < n AND plain[j + 1] LOOP
+        j := j + 1;
+      END LOOP;
+      SELECT r.oks, r.msgs INTO oks, msgs FROM buzz.accept_plain_run(evs, i, j) r;
+      IF oks IS NULL THEN  -- rolled back whole: event by event
+        FOR k IN i .. j LOOP
+          plain[k] := false;
+        END LOOP;
+        CONTINUE;
+      END IF;
+      FOR k IN 1 .. j - i + 1 LOOP
+        ok := oks[k]; message := msgs[k]; code := NULL;
+        RETURN NEXT;
+      END LOOP;
+      i := j + 1;
+      CONTINUE;
+    END IF;
     BEGIN
       SELECT a.ok, a.message INTO ok, message FROM buzz.accept_event(ev) a;
       code := NULL;
@@ -779,6 +911,7 @@ BEGIN
         ok := false;
     END;
     RETURN NEXT;
+    i := i + 1;
   END LOOP;
   IF durable THEN
     PERFORM set_config('synchronous_commit', sync_commit, true);
@@ -786,11 +919,12 @@ BEGIN
   PERFORM set_config('lock_timeout', old_lock_timeout, true);
 END $$;
 COMMENT ON FUNCTION buzz.accept_events(jsonb, integer) IS
-  'Accepts up to 60 events (a JSON array) in one transaction, each as buzz.accept_event in its own subtransaction; one row per event, in order: (ok, message) as accept_event returns them, or ok false with the client SQLSTATE (code) and message it raised (BZ400 invalid:, BZ401 auth-required:, BZ403 restricted:, BZ409 blocked:, BZ429 rate-limited:, 22P02/22P05/22003 invalid:, 54000 a value too long to index). Any other error aborts the whole call. lock_wait_ms > 0 bounds every lock wait in the call (lock_timeout, 55P03). Callers must have verified each signature, as for accept_event.';
+  'Accepts up to 60 events (a JSON array) in one transaction, each run of consecutive plain events set-based (accept_plain_run) and every other event as buzz.accept_event, each in its own subtransaction; one row per event, in order: (ok, message) as accept_event returns them, or ok false with the client SQLSTATE (code) and message it raised (BZ400 invalid:, BZ401 auth-required:, BZ403 restricted:, BZ409 blocked:, BZ429 rate-limited:, 22P02/22P05/22003 invalid:, 54000 a value too long to index). Any other error aborts the whole call. lock_wait_ms > 0 bounds every lock wait in the call (lock_timeout, 55P03). Callers must have verified each signature, as for accept_event.';
 
 -- These trust their caller to have verified signatures, and some store rows directly.
 REVOKE ALL ON FUNCTION buzz.accept_event(jsonb), buzz.accept_events(jsonb, integer),
   buzz.accept_plain(buzz.events), buzz.accept_dm_message(buzz.events, text), buzz.accept_ephemeral(buzz.events),
   buzz.replace_head(buzz.events), buzz.accept_replaceable(buzz.events, text), buzz.accept_deletion(buzz.events),
   buzz.accept_gift_wrap(buzz.events, text), buzz.accept_reminder(buzz.events, text),
-  buzz.accept_dm_command(buzz.events) FROM PUBLIC;
+  buzz.accept_dm_command(buzz.events), buzz.plain_events(jsonb), buzz.accept_plain_run(jsonb, integer, integer)
+  FROM PUBLIC;
