@@ -23,7 +23,7 @@ TEST_TIMEOUT ?= 14m
 # Go 1.27); seen here once in make test. 15,000 inputs take 3-6 s per target on this machine.
 FUZZTIME ?= 15000x
 
-.PHONY: all build run test race fuzz bench bench-go bench-notify chaos chaos-long psql db-start db-stop clean vet
+.PHONY: all build run test race fuzz bench bench-go bench-notify chaos chaos-long soak-upkeep psql db-start db-stop clean vet
 
 all: build
 
@@ -88,6 +88,18 @@ clean:
 BENCH_JSON ?= bin/bench-results.json
 bench: db-start build
 	$(BIN) bench standard --spawn 2 --fresh --database-url "$(DB_URL)" --json $(BENCH_JSON)
+
+# Upkeep soak (issue 31; not part of make test): SOAK_DURATION of DM traffic with hides and
+# resurfacing, reminders armed and firing, and events expiring within a minute, at SOAK_RATE events/s
+# through two relays on a fresh database, which purge every 15 s (grace 30 s, settled reminders
+# kept 1 min). Prints hot table and index sizes and slot WAL every minute; fails unless the hot
+# tables grow by less than 10% after the warm-up (a third of the run, at most 5 min), no expired
+# event outlives grace + one interval, and a slot retains less than 64 MB of WAL.
+SOAK_DURATION ?= 20m
+SOAK_RATE ?= 100
+soak-upkeep: db-start build
+	BUZZ_UPKEEP_INTERVAL=15s BUZZ_UPKEEP_GRACE=30s BUZZ_UPKEEP_REMINDER_KEEP=1m \
+	  $(BIN) bench soak --spawn 2 --fresh --database-url "$(DB_URL)" --duration $(SOAK_DURATION) --rate $(SOAK_RATE) --conns 4
 
 # What the outbox NOTIFY costs acceptance, isolated (pgbench, no relay, no listener): hide and
 # resurface cycles with the trigger enabled and disabled, for NOTIFY_CLIENTS connections each.

@@ -118,7 +118,14 @@ CREATE TABLE buzz.visibility_state (
   -- publication fails here (23514, this name), which the listener takes as 'retry'. A
   -- constraint holds for every writer, psql included.
   CONSTRAINT visibility_state_published_le_target CHECK (published_generation <= target_generation)
-);
+)
+-- Hot: updated by every hide and resurfacing message and every publication. No update is HOT
+-- (each moves a generation, a column of visibility_pending_idx's predicate), so free space on the
+-- page buys nothing: fillfactor 70 measured the same size as 100. What bounds it is vacuum: after
+-- 2% of its rows died rather than 20% (100,000 viewers: 2,000, not 20,000 dead versions and their
+-- index entries), without cost pauses. docs/benchmarks.md, Upkeep.
+WITH (fillfactor = 100, autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_threshold = 200,
+      autovacuum_vacuum_cost_delay = 0);
 CREATE INDEX visibility_pending_idx ON buzz.visibility_state (viewer)
   WHERE target_generation > published_generation;
 
@@ -139,7 +146,13 @@ CREATE TABLE buzz.visibility_outbox (
     REFERENCES buzz.visibility_state (viewer) ON DELETE CASCADE,
   -- A claim is recovered only once its lease is behind the clock, which a NULL lease never is.
   CONSTRAINT claimed_outbox_row_needs_lease CHECK (claim_id IS NULL OR lease_until IS NOT NULL)
-);
+)
+-- A queue: rows live for milliseconds, claimed then deleted. Claims are HOT already (99% at
+-- fillfactor 100); fillfactor 50 only spread the few live rows over more pages (heap 600-900 kB
+-- against 40-56 kB). Dead rows outnumber live ones, so vacuum comes on an absolute count, not a
+-- share of the (near zero) live rows, and without cost pauses. docs/benchmarks.md, Upkeep.
+WITH (fillfactor = 100, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 100,
+      autovacuum_vacuum_cost_delay = 0);
 CREATE INDEX visibility_outbox_available_idx ON buzz.visibility_outbox (available_at);
 
 -- The highest generation of every viewer whose state row was deleted (a reset) or truncated. A
@@ -184,7 +197,12 @@ CREATE TABLE buzz.reminders (
   rollbacks     integer NOT NULL DEFAULT 0,
   -- A claim is recovered only once its lease is behind the clock, which a NULL lease never is.
   CONSTRAINT claimed_reminder_needs_lease CHECK (state <> 'claimed' OR lease_until IS NOT NULL)
-);
+)
+-- Each row is updated twice (claim, confirm), both changing state, a column of the partial
+-- indexes' predicates, so never HOT: fillfactor 80 made the heap larger, not the updates HOT.
+-- Settled rows are purged (0007_upkeep); vacuum after 5% dead rows (default 20%) lets new rows
+-- reuse the space the purge frees before the table grows. docs/benchmarks.md, Upkeep.
+WITH (fillfactor = 100, autovacuum_vacuum_scale_factor = 0.05, autovacuum_vacuum_threshold = 500);
 CREATE INDEX reminders_due_idx ON buzz.reminders (not_before) WHERE state = 'armed';
 CREATE INDEX reminders_lease_idx ON buzz.reminders (lease_until) WHERE state = 'claimed';
 -- Only versions that can still fire: every lookup by address asks for armed or claimed. The
@@ -198,7 +216,11 @@ CREATE TABLE buzz.instances (
   started_at   timestamptz NOT NULL DEFAULT now(),
   heartbeat_at timestamptz NOT NULL DEFAULT now(),
   listen_addr  text
-);
+)
+-- A row per process, updated by every heartbeat. Heartbeats are HOT (heartbeat_at is in no index;
+-- 100% measured at fillfactor 100), and page pruning reclaims the old versions: defaults suffice.
+-- Stated so that nobody lowers it expecting a gain. docs/benchmarks.md, Upkeep.
+WITH (fillfactor = 100);
 
 -- The publication logical replication tails for fan-out.
 CREATE PUBLICATION buzz_events FOR TABLE buzz.events WITH (publish = 'insert');

@@ -70,6 +70,7 @@ type serveConfig struct {
 	// Upkeep (listener/upkeep): one process of the deployment purges at a time.
 	UpkeepInterval     time.Duration // between passes
 	UpkeepBatch        int           // rows per purge transaction
+	UpkeepPause        time.Duration // between two batches of one pass
 	UpkeepGrace        time.Duration // expired events are kept this long past their expiration
 	UpkeepReminderKeep time.Duration // confirmed/cancelled reminder rows are kept this long
 }
@@ -180,6 +181,7 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	fs.IntVar(&c.ResultBudgetMB, "result-budget-mb", envInt("BUZZ_RESULT_BUDGET_MB", 256), "MiB of REQ initial results held in memory until sent, across connections; answers beyond it are cut short (BUZZ_RESULT_BUDGET_MB)")
 	fs.DurationVar(&c.UpkeepInterval, "upkeep-interval", envDur("BUZZ_UPKEEP_INTERVAL", upkeep.DefaultInterval), "between upkeep passes; one process of the deployment purges at a time (BUZZ_UPKEEP_INTERVAL)")
 	fs.IntVar(&c.UpkeepBatch, "upkeep-batch", envInt("BUZZ_UPKEEP_BATCH", upkeep.DefaultBatch), "rows removed per upkeep transaction (BUZZ_UPKEEP_BATCH)")
+	fs.DurationVar(&c.UpkeepPause, "upkeep-pause", envDur("BUZZ_UPKEEP_PAUSE", upkeep.DefaultPause), "pause between two upkeep batches, so a large purge leaves PostgreSQL to the relay's traffic (BUZZ_UPKEEP_PAUSE)")
 	fs.DurationVar(&c.UpkeepGrace, "upkeep-grace", envDur("BUZZ_UPKEEP_GRACE", upkeep.DefaultGrace), "expired (NIP-40) events are purged this long after their expiration (BUZZ_UPKEEP_GRACE)")
 	fs.DurationVar(&c.UpkeepReminderKeep, "upkeep-reminder-keep", envDur("BUZZ_UPKEEP_REMINDER_KEEP", upkeep.DefaultReminderKeep), "confirmed and cancelled reminder rows are purged this long after they settled (BUZZ_UPKEEP_REMINDER_KEEP)")
 	proxies := fs.String("trusted-proxies", envStr("BUZZ_TRUSTED_PROXIES", ""), "load balancers (IPs or CIDRs, comma-separated) whose X-Forwarded-For names the client IP for per-IP caps and rates (BUZZ_TRUSTED_PROXIES)")
@@ -331,6 +333,8 @@ func (c *serveConfig) checkRanges() error {
 	atMost("BUZZ_REMINDER_LEASE", c.ReminderLease, maxLease)
 	atLeast("BUZZ_UPKEEP_INTERVAL", c.UpkeepInterval, 10*time.Millisecond)
 	atLeast("BUZZ_UPKEEP_GRACE", c.UpkeepGrace, 0)
+	atLeast("BUZZ_UPKEEP_PAUSE", c.UpkeepPause, 0)
+	atMost("BUZZ_UPKEEP_PAUSE", c.UpkeepPause, time.Minute)
 	atLeast("BUZZ_UPKEEP_REMINDER_KEEP", c.UpkeepReminderKeep, 0)
 	atMost("BUZZ_UPKEEP_GRACE", c.UpkeepGrace, maxUpkeepKeep)
 	atMost("BUZZ_UPKEEP_REMINDER_KEEP", c.UpkeepReminderKeep, maxUpkeepKeep)

@@ -202,6 +202,7 @@ func (s *server) newUpkeep() *upkeep.Upkeep {
 		InstanceID:   s.cfg.InstanceID,
 		Interval:     s.cfg.UpkeepInterval,
 		Batch:        s.cfg.UpkeepBatch,
+		Pause:        s.cfg.UpkeepPause,
 		Grace:        s.cfg.UpkeepGrace,
 		ReminderKeep: s.cfg.UpkeepReminderKeep,
 		Logger:       s.log,

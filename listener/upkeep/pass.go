@@ -108,6 +108,7 @@ func (u *Upkeep) purgeRule(ctx context.Context, conn *pgx.Conn, rule string) err
 		if n < u.cfg.Batch {
 			break
 		}
+		u.pause(ctx)
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()
@@ -119,4 +120,18 @@ func (u *Upkeep) purgeRule(ctx context.Context, conn *pgx.Conn, rule string) err
 		u.log.Info("upkeep purged", "rule", rule, "rows", total)
 	}
 	return nil
+}
+
+// pause waits Pause between two batches (or until ctx ends), so a long purge takes turns with the
+// relay's traffic instead of competing for PostgreSQL's CPU all along.
+func (u *Upkeep) pause(ctx context.Context) {
+	if u.cfg.Pause <= 0 {
+		return
+	}
+	t := time.NewTimer(u.cfg.Pause)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
 }

@@ -16,8 +16,11 @@ import (
 
 // Defaults (serve's settings override them).
 const (
-	DefaultInterval     = time.Minute
-	DefaultBatch        = 500
+	DefaultInterval = time.Minute
+	DefaultBatch    = 500
+	// DefaultPause paces a large purge: a batch of 500 rows takes 35-55 ms, and back to back
+	// they raised the relay's OK p99 at 500 events/s by 28-141% (docs/benchmarks.md, Upkeep).
+	DefaultPause        = 100 * time.Millisecond
 	DefaultGrace        = 5 * time.Minute
 	DefaultReminderKeep = 7 * 24 * time.Hour
 )
@@ -31,6 +34,7 @@ type Config struct {
 	InstanceID   string        // names the connection (application_name)
 	Interval     time.Duration // between passes; default DefaultInterval
 	Batch        int           // rows per transaction; default DefaultBatch
+	Pause        time.Duration // between two full batches of a rule (0: none)
 	Grace        time.Duration // expired events are kept this long past expiration (0 allowed)
 	ReminderKeep time.Duration // settled reminder rows are kept this long (0 allowed)
 	Logger       *slog.Logger
@@ -43,7 +47,7 @@ type Upkeep struct {
 	conn *pgx.Conn // nil until connected, and after an error (which gives the lock up)
 }
 
-// New applies defaults to Interval and Batch; Grace and ReminderKeep are used as given.
+// New applies defaults to Interval and Batch; Pause, Grace and ReminderKeep are used as given.
 func New(cfg Config) *Upkeep {
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultInterval
