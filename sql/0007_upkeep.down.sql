@@ -15,6 +15,7 @@ DROP FUNCTION IF EXISTS buzz.upkeep_keeps(text, integer, text, bigint);
 DROP FUNCTION IF EXISTS buzz.upkeep_guarded_kinds();
 DROP FUNCTION IF EXISTS buzz.upkeep_setting(text);
 DROP FUNCTION IF EXISTS buzz.upkeep_try_lock();
+DROP FUNCTION IF EXISTS buzz.upkeep_require_lock();
 DROP FUNCTION IF EXISTS buzz.upkeep_holds_lock();
 DROP FUNCTION IF EXISTS buzz.upkeep_lock_key();
 DROP INDEX IF EXISTS buzz.reminders_settled_idx;

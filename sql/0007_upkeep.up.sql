@@ -87,6 +87,18 @@ $$;
 COMMENT ON FUNCTION buzz.upkeep_holds_lock() IS
   'True when this session holds the upkeep lock (buzz.upkeep_try_lock).';
 
+CREATE FUNCTION buzz.upkeep_require_lock() RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+BEGIN
+  IF NOT buzz.upkeep_holds_lock() THEN
+    PERFORM buzz.reject('BZ403'::text, 'restricted: only the session holding the upkeep lock purges (buzz.upkeep_try_lock())'::text);
+  END IF;
+END $$;
+COMMENT ON FUNCTION buzz.upkeep_require_lock() IS
+  'Refuses (BZ403, restricted:) in a session that does not hold the upkeep lock: what purges and their bookkeeping check first.';
+
 CREATE FUNCTION buzz.upkeep_try_lock() RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -170,7 +182,7 @@ COMMENT ON FUNCTION buzz.upkeep_expired_candidates(bigint) IS
   'Ids of events whose NIP-40 expiration passed more than upkeep_grace_seconds ago (at most p_limit; NULL: all).';
 
 -- Settled reminder rows older than the keep setting. A cancelled version is armed again if it is
--- stored again (sql/0017), so its row may go. A confirmed one keeps its row so its signal is never
+-- stored again, so its row may go. A confirmed one keeps its row so its signal is never
 -- sent twice (I6): it goes only once its version can no longer be armed again by accept_event:
 -- expired, tombstoned by id or by address, still stored (a duplicate), or superseded by a newer
 -- stored version. The last two hold until every newer version is deleted by id and the author
@@ -313,7 +325,7 @@ COMMENT ON FUNCTION buzz.upkeep_candidates(text, bigint) IS
 -- that never waits cannot be part of a deadlock, and the hot path waits at most for one short
 -- batch on a row both touch. The event:<id> lock makes the purge and an acceptance of the same id
 -- take turns, as acceptance and deletion do. Reminder rows are not guarded by advisory locks
--- (sql/0023 orders them by row): SKIP LOCKED alone.
+-- (their writers lock them in id order, sql/0004_reminders.up.sql): SKIP LOCKED alone.
 CREATE FUNCTION buzz.upkeep_purge(p_rule text, p_batch integer) RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -323,15 +335,13 @@ DECLARE
   ids text[];
   n integer;
 BEGIN
-  IF NOT buzz.upkeep_holds_lock() THEN
-    PERFORM buzz.reject('BZ403'::text, 'restricted: only the session holding the upkeep lock purges (buzz.upkeep_try_lock())'::text);
-  END IF;
+  PERFORM buzz.upkeep_require_lock();
   IF p_batch IS NULL OR p_batch < 1 THEN
     PERFORM buzz.reject('BZ400'::text, 'invalid: p_batch must be 1 or more'::text);
   END IF;
   ids := ARRAY(SELECT c FROM buzz.upkeep_candidates(p_rule, p_batch::bigint) c);
   IF p_rule = 'reminders'::text THEN
-    -- Re-checked under the row lock: a row armed again meanwhile (sql/0017) is left alone.
+    -- Re-checked under the row lock: a row armed again meanwhile (its version stored again) is left alone.
     ids := ARRAY(SELECT r.id FROM buzz.reminders r
                   WHERE r.id = ANY (ids) AND r.state IN ('confirmed'::text, 'cancelled'::text)
                   ORDER BY r.id FOR UPDATE SKIP LOCKED);
@@ -361,9 +371,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, buzz, pg_temp
 AS $$
 BEGIN
-  IF NOT buzz.upkeep_holds_lock() THEN
-    PERFORM buzz.reject('BZ403'::text, 'restricted: only the session holding the upkeep lock purges (buzz.upkeep_try_lock())'::text);
-  END IF;
+  PERFORM buzz.upkeep_require_lock();
   INSERT INTO buzz.upkeep_log AS l (rule, last_run, last_removed)
   VALUES (p_rule, now(), coalesce(p_removed, 0::bigint))
   ON CONFLICT (rule) DO UPDATE SET last_run = now(), last_removed = coalesce(p_removed, 0::bigint);
