@@ -34,8 +34,12 @@ const minCallTime = time.Second
 // Batcher stores events as AcceptJSON does, but groups the ones that arrive while earlier calls
 // are running into one buzz.accept_events call: one transaction, one WAL flush and one walsender
 // wake-up for all of them (group commit). There is no background goroutine: a caller whose event
-// is still queued takes a free slot and runs the queue's head itself, so an idle relay runs each
+// is still queued starts a call and runs the queue's head itself, so an idle relay runs each
 // event at once and a busy one runs bigger batches.
+//
+// One call runs whenever events wait. More, up to inflight, start only while a full batch waits:
+// at a steady rate one call at a time keeps latency low and CPU per event down (bigger batches),
+// and a flood that fills whole batches faster than one call stores them gets the other core.
 //
 // Every event still gets the verdict accept_event gives it alone: each runs in its own
 // subtransaction, and a call PostgreSQL refuses as a whole (a lock wait over BatchLockWait, a
@@ -43,14 +47,17 @@ const minCallTime = time.Second
 // outcome is unknown (the connection lost) answers each of its events with an error, as a lost
 // single call does.
 type Batcher struct {
-	base    context.Context
-	pool    *pgxpool.Pool
-	max     int
-	slots   chan struct{}
-	timeout time.Duration
+	base     context.Context
+	pool     *pgxpool.Pool
+	max      int
+	inflight int
+	timeout  time.Duration
 
-	mu    sync.Mutex
-	queue []*pendingAccept
+	mu      sync.Mutex
+	queue   []*pendingAccept
+	queued  int           // events in queue
+	running int           // calls in flight
+	changed chan struct{} // closed (and replaced) when a call may start that could not before
 
 	// onBatch, when set (in-package tests), is called with each call's lock keys, in the call's
 	// order, before it runs, holding the slot: a test can stop a call there and let events queue
@@ -79,12 +86,13 @@ type Verdict struct {
 }
 
 // NewBatcher returns a Batcher running at most inflight calls at once (each on its own pool
-// connection), of at most maxEvents events each (capped at MaxBatch). maxEvents 1 turns batching
+// connection; see Batcher for when more than one runs), of at most maxEvents events each (capped at MaxBatch). maxEvents 1 turns batching
 // off: Accept is then AcceptJSON. timeout bounds one call; base ends every call in flight when it
 // ends (the relay's connections being killed at shutdown).
 func NewBatcher(base context.Context, pool *pgxpool.Pool, maxEvents, inflight int, timeout time.Duration) *Batcher {
 	maxEvents = min(max(maxEvents, 1), MaxBatch)
-	return &Batcher{base: base, pool: pool, max: maxEvents, slots: make(chan struct{}, max(inflight, 1)), timeout: timeout}
+	return &Batcher{base: base, pool: pool, max: maxEvents, inflight: max(inflight, 1), timeout: timeout,
+		changed: make(chan struct{})}
 }
 
 // Accept stores one verified event and returns its OK verdict, as AcceptJSON. lockKey is the
@@ -121,29 +129,63 @@ func (b *Batcher) AcceptGroup(ctx context.Context, raws [][]byte, keys []string)
 func (b *Batcher) MaxGroup() int { return b.max }
 
 // acceptOne queues one group of at most b.max events and waits for its verdicts, running calls
-// itself while it waits and a slot is free.
+// itself while it waits and one may start (mayStart).
 func (b *Batcher) acceptOne(ctx context.Context, raws [][]byte, keys []string) []Verdict {
 	p := &pendingAccept{ctx: ctx, raws: raws, keys: keys, key: slices.Min(keys), done: make(chan []Verdict, 1)}
 	b.mu.Lock()
 	b.queue = append(b.queue, p)
+	b.queued += len(raws)
+	if b.running > 0 && b.mayStartLocked() {
+		b.wakeLocked() // a full batch waits: a waiter (maybe this caller) starts another call
+	}
 	b.mu.Unlock()
 	for {
 		b.mu.Lock()
-		slot := b.slots
-		if p.taken {
-			slot = nil // someone runs it: wait for the verdict, do not spin on free slots
+		// Taken: someone runs it, so wait for the verdict and start nothing.
+		start := !p.taken && b.mayStartLocked()
+		if start {
+			b.running++
 		}
+		changed := b.changed
 		b.mu.Unlock()
+		if start {
+			b.runNext()
+			continue
+		}
 		select {
 		case v := <-p.done:
 			return v
 		case <-ctx.Done():
 			// Still queued: the next runner drops it. Taken: its verdict is dropped.
 			return same(len(raws), Verdict{Err: ctx.Err()})
-		case slot <- struct{}{}:
-			b.runNext()
+		case <-changed:
 		}
 	}
+}
+
+// mayStartLocked says whether a waiting caller may start a call now: the first whenever events
+// wait, more only while a full batch waits (Batcher).
+func (b *Batcher) mayStartLocked() bool {
+	if b.queued == 0 || b.running >= b.inflight {
+		return false
+	}
+	return b.running == 0 || b.queued >= b.max
+}
+
+// wakeLocked wakes every caller waiting for a chance to start a call.
+func (b *Batcher) wakeLocked() {
+	close(b.changed)
+	b.changed = make(chan struct{})
+}
+
+// callDone ends a call started by acceptOne and wakes the waiters if another may start.
+func (b *Batcher) callDone() {
+	b.mu.Lock()
+	b.running--
+	if b.mayStartLocked() {
+		b.wakeLocked()
+	}
+	b.mu.Unlock()
 }
 
 // same is n copies of v.
@@ -167,6 +209,7 @@ func (b *Batcher) take() []*pendingAccept {
 		p := b.queue[n]
 		b.queue[n] = nil
 		n++
+		b.queued -= len(p.raws)
 		if p.ctx.Err() != nil {
 			continue // its owner has gone
 		}
@@ -188,11 +231,11 @@ func (b *Batcher) take() []*pendingAccept {
 	return batch
 }
 
-// runNext runs the queue's head as one call, in the slot its caller took, and gives the slot back.
+// runNext runs the queue's head as one call, counted in running by its caller, and ends it.
 // Every event it takes gets exactly one verdict, a panic included (the caller's recover answers
 // its own message; the others must not wait for ever).
 func (b *Batcher) runNext() {
-	defer func() { <-b.slots }()
+	defer b.callDone()
 	batch := b.take()
 	if len(batch) == 0 {
 		return

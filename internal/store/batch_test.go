@@ -35,8 +35,14 @@ type heldBatcher struct {
 
 func newHeldBatcher(t *testing.T, url string) *heldBatcher {
 	t.Helper()
+	return newHeldBatcherOf(t, url, 32, 1)
+}
+
+// newHeldBatcherOf is newHeldBatcher with calls of at most maxEvents, inflight at once.
+func newHeldBatcherOf(t *testing.T, url string, maxEvents, inflight int) *heldBatcher {
+	t.Helper()
 	h := &heldBatcher{
-		Batcher: store.NewBatcher(context.Background(), testenv.Pool(t, url), 32, 1, 15*time.Second),
+		Batcher: store.NewBatcher(context.Background(), testenv.Pool(t, url), maxEvents, inflight, 15*time.Second),
 		t:       t, held: make(chan struct{}), release: make(chan struct{}),
 	}
 	h.SetOnBatch(func(n int) {

@@ -19,6 +19,13 @@ func (b *Batcher) Queued() int {
 	return n
 }
 
+// Running is the number of calls in flight.
+func (b *Batcher) Running() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.running
+}
+
 // ClientSQLStates lists every SQLSTATE the relay answers as a client error.
 func ClientSQLStates() []string {
 	var out []string
