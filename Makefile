@@ -23,7 +23,7 @@ TEST_TIMEOUT ?= 14m
 # Go 1.27); seen here once in make test. 15,000 inputs take 3-6 s per target on this machine.
 FUZZTIME ?= 15000x
 
-.PHONY: all build run test race fuzz bench bench-go bench-notify chaos chaos-long soak-upkeep psql db-start db-stop clean vet
+.PHONY: all build run test race fuzz bench bench-go bench-notify bench-purge chaos chaos-long soak-upkeep psql db-start db-stop clean vet
 
 all: build
 
@@ -100,6 +100,13 @@ SOAK_RATE ?= 100
 soak-upkeep: db-start build
 	BUZZ_UPKEEP_INTERVAL=15s BUZZ_UPKEEP_GRACE=30s BUZZ_UPKEEP_REMINDER_KEEP=1m \
 	  $(BIN) bench soak --spawn 2 --fresh --database-url "$(DB_URL)" --duration $(SOAK_DURATION) --rate $(SOAK_RATE) --conns 4
+
+# The purge bar (docs/benchmarks.md, Upkeep): OK p99 at 500 events/s while upkeep purges
+# PURGE_ROWS expired events, against the same run without a purge; PURGE_ROUNDS pairs, 5 minutes a run.
+PURGE_ROWS ?= 1000000
+PURGE_ROUNDS ?= 2
+bench-purge: db-start build
+	BUZZ_BIN=$(CURDIR)/$(BIN) scripts/bench-purge.sh $(PURGE_ROWS) $(PURGE_ROUNDS)
 
 # What the outbox NOTIFY costs acceptance, isolated (pgbench, no relay, no listener): hide and
 # resurface cycles with the trigger enabled and disabled, for NOTIFY_CLIENTS connections each.
