@@ -114,7 +114,7 @@ func checkShapeAndSignature(ev *nostr.Event) string {
 	if !ev.CheckID() {
 		return "invalid: id does not match the event"
 	}
-	if ok, _ := ev.CheckSignature(); !ok {
+	if !verifySignature(ev) {
 		return "invalid: bad signature"
 	}
 	return ""
