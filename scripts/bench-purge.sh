@@ -39,7 +39,7 @@ run() {
   sql "$url" "DROP DATABASE IF EXISTS $db" >/dev/null
   sql "$url" "CREATE DATABASE $db TEMPLATE $tpl STRATEGY FILE_COPY" >/dev/null
   sql "$url" "CHECKPOINT" >/dev/null
-  BUZZ_UPKEEP_INTERVAL=1s BUZZ_UPKEEP_GRACE=$grace "$bin" bench ingest --spawn 1 --quiet \
+  BUZZ_UPKEEP_INTERVAL=1s BUZZ_UPKEEP_GRACE=$grace "$bin" bench ingest --spawn 1 --quiet --no-baseline \
     --database-url "$base/$db?sslmode=disable" --rate "$rate" --duration "$dur" --conns "$conns" \
     --n $(( ${rate%.*} * ${dur%s} )) --json "$out/$mode-$n.json" >"$out/$mode-$n.log" 2>&1
   local left

@@ -64,6 +64,7 @@ type benchArgs struct {
 	rate         float64
 	idle, spawn  int
 	fresh, quiet bool
+	noBaseline   bool
 	jsonOut      string
 }
 
@@ -97,7 +98,7 @@ func runBench(args []string) error {
 		}
 	}
 	base := bench.Config{Relays: a.relays, DatabaseURL: a.dbURL, RelayKey: a.relayKey, Duration: a.dur,
-		Conns: a.conns, Rate: a.rate, N: a.n, Idle: a.idle, Logf: logf, Spawn: spawnFn}
+		Conns: a.conns, Rate: a.rate, N: a.n, Idle: a.idle, NoBaseline: a.noBaseline, Logf: logf, Spawn: spawnFn}
 	results, failed := runBenchSteps(benchSteps(a, base), benchEnv(a))
 	if a.jsonOut != "" {
 		if err := bench.WriteJSON(a.jsonOut, results); err != nil {
@@ -131,6 +132,7 @@ func parseBenchArgs(args []string) (a benchArgs, err error) {
 	fs.IntVar(&a.spawn, "spawn", 0, "start this many `buzzpg serve` processes (on loopback) and bench them instead of --relay")
 	fs.BoolVar(&a.fresh, "fresh", false, "with --spawn: create a fresh database on the --database-url server, drop it afterwards")
 	fs.BoolVar(&a.quiet, "quiet", false, "no progress lines")
+	fs.BoolVar(&a.noBaseline, "no-baseline", false, "ingest: the relay run only, no SQL baseline after it (make bench-purge)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), benchUsage)
 		fs.PrintDefaults()

@@ -28,6 +28,7 @@ type Config struct {
 	Rate        float64 // target total rate; 0 = as fast as closed loops go
 	N           int     // events (or reminders) to pre-sign; an upper bound on one run
 	Idle        int     // fanout: quiet connections held open beside the scenario's (dialIdle)
+	NoBaseline  bool    // ingest: the relay run only
 	Logf        func(format string, args ...any)
 	// Spawn, when set (bench --spawn), starts one more `buzzpg serve` on loopback with extra
 	// environment (KEY=VALUE) and returns its WebSocket URL and how to stop it (flood uses it

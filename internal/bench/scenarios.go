@@ -54,6 +54,9 @@ func Ingest(cfg *Config) (*Result, error) {
 	closeAll(cs)
 	row.Name, row.Conns = "kind 1 via relay", cfg.Conns
 	res.Rows = append(res.Rows, row)
+	if cfg.NoBaseline {
+		return res, nil
+	}
 
 	pool, err := openPool(cfg, cfg.Conns)
 	if err != nil {
