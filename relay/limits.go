@@ -33,8 +33,9 @@ type Config struct {
 	InboxEventsPerIP int
 	// DeliveryRatePerIP bounds the live delivery one client IP's connections get together, in
 	// units per second (deliveryShares: a copy sent is one unit and one more per KiB), default
-	// 20,000 with a burst of DeliveryBurstPerIP, default 40,000. Over it, its deliveries wait in
-	// its inboxes. Negative: unlimited.
+	// 20,000 with a burst of DeliveryBurstPerIP, default 2,000 (a tenth of a second: a burst
+	// is delivered at full speed, and one address's must not hold the machine for long). Over
+	// it, its deliveries wait in its inboxes. Negative: unlimited.
 	DeliveryRatePerIP  float64
 	DeliveryBurstPerIP int
 
@@ -151,7 +152,7 @@ func (c *Config) applyDefaults() error {
 	if c.DeliveryRatePerIP == 0 {
 		c.DeliveryRatePerIP = 20000
 	}
-	def(&c.DeliveryBurstPerIP, 40000)
+	def(&c.DeliveryBurstPerIP, 2000)
 	if c.DedupBytes <= 0 {
 		c.DedupBytes = 256 << 20
 	}

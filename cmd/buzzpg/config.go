@@ -173,7 +173,7 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	fs.IntVar(&c.InboxEvents, "inbox-events", envInt("BUZZ_INBOX_EVENTS", 8192), "live events waiting to be matched against one connection's subscriptions; past it the connection is closed as slow (BUZZ_INBOX_EVENTS)")
 	fs.IntVar(&c.IPInboxEvents, "ip-inbox-events", envInt("BUZZ_IP_INBOX_EVENTS", 32768), "the same across one client IP's connections (BUZZ_IP_INBOX_EVENTS)")
 	fs.Float64Var(&c.IPDeliveryRate, "ip-delivery-rate", envFloat("BUZZ_IP_DELIVERY_RATE", 20000), "live delivery per second to one client IP's connections together, in units: a copy of an event is one, plus one per KiB; over it its deliveries wait in its inboxes; 0 = unlimited (BUZZ_IP_DELIVERY_RATE)")
-	fs.IntVar(&c.IPDeliveryBurst, "ip-delivery-burst", envInt("BUZZ_IP_DELIVERY_BURST", 40000), "burst for --ip-delivery-rate (BUZZ_IP_DELIVERY_BURST)")
+	fs.IntVar(&c.IPDeliveryBurst, "ip-delivery-burst", envInt("BUZZ_IP_DELIVERY_BURST", 2000), "burst for --ip-delivery-rate (BUZZ_IP_DELIVERY_BURST)")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", envDur("BUZZ_SHUTDOWN_GRACE", 10*time.Second), "how long graceful shutdown may take (BUZZ_SHUTDOWN_GRACE)")
 	fs.IntVar(&c.ReminderBatch, "reminder-batch", envInt("BUZZ_REMINDER_BATCH", 1000), "reminders claimed and confirmed per transaction (BUZZ_REMINDER_BATCH)")
 	fs.StringVar(&c.MetricsListen, "metrics-listen", envStr("BUZZ_METRICS_LISTEN", ""), "address for /metrics and a detailed /readyz, off when empty; keep it private (BUZZ_METRICS_LISTEN)")
