@@ -135,19 +135,24 @@ func TestDeliveryBudgetDelaysTheClientOverIt(t *testing.T) {
 
 // TestDeliveryBudgetOverflowClosesTheClient: a client that stays over its budget has its
 // deliveries wait in its inbox until the inbox's bound, then is told (NOTICE) and closed as a
-// slow client: nothing is dropped without a signal.
+// slow client: nothing is dropped without a signal. The events come 20 ms apart, which the
+// connection would match as they come without the budget.
 func TestDeliveryBudgetOverflowClosesTheClient(t *testing.T) {
 	tr := startRelay(t, func(c *Config) { c.DeliveryRatePerIP, c.DeliveryBurstPerIP, c.InboxEvents = 10, 1, 4 })
 	sk, pk := testenv.NewKey()
 	heavy, hc := tr.dialFrom(t, "127.0.0.16", false)
 	heavy.req("h", nostr.Filter{Authors: []string{pk}, LimitZero: true})
 	before := testutil.ToFloat64(metrics.SlowClientsClosed.WithLabelValues("inbox"))
-	for i := 0; i < 10; i++ {
+	for i := 0; i < 20; i++ {
 		ev := signed(sk, 1, fmt.Sprint("e", i), nostr.Now())
 		tr.s.DeliverEvent(publicDelivery(&ev))
+		time.Sleep(20 * time.Millisecond)
 	}
 	for {
-		m := heavy.read()
+		m, err := heavy.tryRead(3 * time.Second)
+		if err != nil {
+			t.Fatalf("no NOTICE (the connection was not closed as slow): %v", err)
+		}
 		if heavy.verb(m) == "NOTICE" {
 			if got := str(m[1]); got != "error: too slow, send queue full" {
 				t.Fatalf("NOTICE %q", got)
