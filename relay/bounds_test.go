@@ -2,7 +2,6 @@ package relay
 
 import (
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -19,34 +18,15 @@ import (
 // (bound="process"), takes no per-IP place, and a place comes back when a subscription ends.
 func TestSubscriptionsPerProcess(t *testing.T) {
 	tr := startRelay(t, func(c *Config) { c.MaxSubscriptionsTotal = 3 })
-	f := nostr.Filter{Kinds: []int{1}, Limit: 1}
-	open := func(c *client, id string) string {
-		t.Helper()
-		_, closed := c.reqOrClosed(id, f)
-		return closed
-	}
-	held := func() int {
-		tr.s.allSubs.mu.Lock()
-		defer tr.s.allSubs.mu.Unlock()
-		return tr.s.allSubs.held[""]
-	}
-	refusedBefore := testutil.ToFloat64(metrics.SubscriptionsRefused.WithLabelValues("process"))
+	b := newSubBound(t, tr.s.allSubs, "process", "restricted: the relay holds as many subscriptions")
 	a, _ := tr.dialFrom(t, "127.0.0.10", false)
-	b, _ := tr.dialFrom(t, "127.0.0.11", false)
-	for _, step := range []struct {
-		c      *client
-		id     string
-		closed bool
-	}{{a, "a1", false}, {a, "a2", false}, {b, "b1", false}, {b, "b2", true}, {a, "a3", true}, {a, "a1", false}} {
-		got := open(step.c, step.id)
-		if step.closed != (got != "") || (got != "" && !strings.HasPrefix(got, "restricted: the relay holds as many subscriptions")) {
-			t.Fatalf("REQ %s: CLOSED %q, want closed %v", step.id, got, step.closed)
-		}
-	}
-	if n := testutil.ToFloat64(metrics.SubscriptionsRefused.WithLabelValues("process")) - refusedBefore; n != 2 {
+	c, _ := tr.dialFrom(t, "127.0.0.11", false)
+	b.steps(subStep{a, "a1", false}, subStep{a, "a2", false}, subStep{c, "b1", false}, subStep{c, "b2", true},
+		subStep{a, "a3", true}, subStep{a, "a1", false})
+	if n := b.refusals(); n != 2 {
 		t.Fatalf("refusals counted %v, want 2", n)
 	}
-	if n := held(); n != 3 {
+	if n := b.held(""); n != 3 {
 		t.Fatalf("the process holds %d places, want 3", n)
 	}
 	tr.s.ipSubs.mu.Lock()
@@ -56,12 +36,8 @@ func TestSubscriptionsPerProcess(t *testing.T) {
 		t.Fatalf("127.0.0.11 holds %d per-IP places, want 1 (a refused REQ takes none)", ipB)
 	}
 	a.ws.Close()
-	for deadline := time.Now().Add(10 * time.Second); held() != 1; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("after a's connection ended the process holds %d places, want 1", held())
-		}
-	}
-	if got := open(b, "b2"); got != "" {
+	b.waitHeld("", 1) // after a's connection ended
+	if got := b.open(c, "b2"); got != "" {
 		t.Fatalf("REQ after places came back: CLOSED %q", got)
 	}
 }

@@ -67,6 +67,7 @@ type conn struct {
 	// to one connection is the fan-out's.
 	deliverMu   sync.Mutex
 	deliverDone chan struct{}
+	share       *deliveryShare // its client's (deliveryShares), until teardown
 }
 
 func newConn(s *Server, ws *websocket.Conn, r *http.Request, relayURL, ip, key string) *conn {
@@ -98,6 +99,7 @@ func newConn(s *Server, ws *websocket.Conn, r *http.Request, relayURL, ip, key s
 		c.reqBucket = newTokenBucket(s.cfg.ReqRate, s.cfg.ReqBurst)
 	}
 	s.sends.join(c.q, key) // until c.q.release at teardown
+	c.share = s.shares.join(key)
 	c.log = s.log.With("conn", c.id, "remote", r.RemoteAddr, "client_ip", ip)
 	empty := []string{}
 	c.authed.Store(&empty)
@@ -173,6 +175,7 @@ func (c *conn) run() {
 	c.mu.Unlock()
 	c.log.Debug("disconnected", "reason", reason)
 	c.q.release()
+	c.s.shares.leave(c.ip, c.share)
 	c.s.removeConn(c, reason)
 }
 

@@ -163,12 +163,12 @@ func (s *Server) deliveryMembers(d evt.Delivery) (members []string, ok bool) {
 // the queue admits them as it would admit one. Each subscription stays locked from its de-dup
 // check until its copy is queued, as in sendLocked, so nothing goes to one that a CLOSE or a REQ
 // of the same id ended meanwhile. c.mu serializes deliveries, so only this goroutine ever holds
-// more than one subscription's lock.
-func (c *conn) deliver(d live, js []byte, ix tagIndex) {
+// more than one subscription's lock. It returns what the delivery cost (deliveryCost).
+func (c *conn) deliver(d live, js []byte, ix tagIndex) (cost int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if d.due && c.dueSeenBefore(d) {
-		return
+		return 1
 	}
 	cp := liveCopies{d: d, js: js, ix: ix, id: keyOf(d.Event.ID)}
 	defer cp.unlock()
@@ -184,16 +184,18 @@ func (c *conn) deliver(d live, js []byte, ix tagIndex) {
 			cp.take(sub)
 		}
 	}
+	cost = deliveryCost(cp.msgs)
 	if len(cp.msgs) == 0 {
-		return
+		return cost
 	}
 	if why := c.q.offer(cp.msgs...); why != "" {
 		c.overflow(why)
-		return
+		return cost
 	}
 	if d.due {
 		metrics.ReminderDueDelivered.Add(float64(len(cp.msgs)))
 	}
+	return cost
 }
 
 // dueSeenBefore reports whether this connection had d's due signal already, and notes it. A due

@@ -60,6 +60,12 @@ func (b *inbox) put(it inboxItem, limit int, ip *ipCounts, key string) string {
 	return ""
 }
 
+func (b *inbox) empty() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.items) == 0
+}
+
 // next removes and returns the oldest entries, giving their charge back.
 func (b *inbox) next(ip *ipCounts, key string) []inboxItem {
 	b.mu.Lock()
@@ -106,17 +112,18 @@ func (c *conn) queueLive(d live, js []byte, ix tagIndex) {
 }
 
 // deliverLoop matches the deliveries queued for c against its subscriptions and queues the copies
-// to send, in the order the fan-out handed them over, until the connection ends. It yields after
-// each one: a connection with a backlog (many subscriptions, a burst) then takes its turn like
-// every other runnable goroutine, one event at a time, instead of running for a whole time slice
-// while the connections behind it wait (with 48 such connections on 2 cores, a round of time
-// slices is a quarter of a second).
+// to send, in the order the fan-out handed them over, until the connection ends. Each one is a
+// turn within its client's delivery share (deliveryshare.go), and it yields after each: a
+// connection with a backlog (many subscriptions, a burst) then takes its turn like every other
+// runnable goroutine, one event at a time, instead of running for a whole time slice while the
+// connections behind it wait (with 48 such connections on 2 cores, a round of time slices is a
+// quarter of a second).
 func (c *conn) deliverLoop() {
 	defer close(c.deliverDone)
 	for {
 		select {
 		case <-c.inbox.wake:
-			for c.deliverOne() {
+			for c.deliverTurn() {
 				runtime.Gosched()
 			}
 		case <-c.ctx.Done():
@@ -125,16 +132,27 @@ func (c *conn) deliverLoop() {
 	}
 }
 
-// deliverOne matches the oldest delivery in c's inbox, if any; false when none was left.
-func (c *conn) deliverOne() bool {
+// deliverTurn matches the oldest delivery in c's inbox, if any, as a turn of its client's share;
+// false when none was left or the connection ended.
+func (c *conn) deliverTurn() bool {
+	if c.inbox.empty() || !c.share.turn(c.ctx) {
+		return false
+	}
+	cost, ok := c.deliverOne()
+	c.share.done(cost)
+	return ok
+}
+
+// deliverOne matches the oldest delivery in c's inbox, if any, and returns what it cost
+// (deliveryCost); false when none was left.
+func (c *conn) deliverOne() (cost int, ok bool) {
 	c.deliverMu.Lock()
 	defer c.deliverMu.Unlock()
 	it, ok := c.inbox.pop(c.s.ipInbox, c.ip)
 	if !ok || c.ctx.Err() != nil {
-		return false
+		return 0, false
 	}
-	c.deliverSafely(it)
-	return true
+	return c.deliverSafely(it), true
 }
 
 // drainInbox matches what c's inbox holds now, on the caller's goroutine, then runs then (if not
@@ -144,25 +162,27 @@ func (c *conn) deliverOne() bool {
 func (c *conn) drainInbox(then func()) {
 	c.deliverMu.Lock()
 	defer c.deliverMu.Unlock()
+	cost := 0
 	for _, it := range c.inbox.next(c.s.ipInbox, c.ip) {
 		if c.ctx.Err() != nil {
 			break // the rest was given back by next; nothing is sent any more
 		}
-		c.deliverSafely(it)
+		cost += c.deliverSafely(it)
 	}
+	c.share.charge(cost) // without waiting: the REQ's answer waits for these
 	if then != nil {
 		then()
 	}
 }
 
 // deliverSafely is c.deliver with a panic logged instead of ending the process.
-func (c *conn) deliverSafely(it inboxItem) {
+func (c *conn) deliverSafely(it inboxItem) (cost int) {
 	defer func() {
 		if p := recover(); p != nil {
 			c.log.Error("panic in live delivery", "panic", p, "id", it.d.Event.ID)
 		}
 	}()
-	c.deliver(it.d, it.js, it.ix)
+	return c.deliver(it.d, it.js, it.ix)
 }
 
 // dropSnapshots makes every subscription of c forget its query's snapshot (StreamRestarted).

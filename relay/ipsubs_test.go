@@ -1,15 +1,6 @@
 package relay
 
-import (
-	"strings"
-	"testing"
-	"time"
-
-	"github.com/nbd-wtf/go-nostr"
-	"github.com/prometheus/client_golang/prometheus/testutil"
-
-	"github.com/buzzpg/buzzpg/internal/metrics"
-)
+import "testing"
 
 // TestSubscriptionsPerIP: one address's live subscriptions are bounded across its connections;
 // a REQ over the bound is CLOSED restricted: and changes nothing, another address is not
@@ -18,80 +9,50 @@ import (
 // in buzz_subscriptions_refused_total{bound="ip"}.
 func TestSubscriptionsPerIP(t *testing.T) {
 	tr := startRelay(t, func(c *Config) { c.MaxSubscriptionsPerIP = 3 })
-	f := nostr.Filter{Kinds: []int{1}, Limit: 1}
-	open := func(c *client, id string) string {
-		t.Helper()
-		_, closed := c.reqOrClosed(id, f)
-		return closed
-	}
-	held := func(ip string) int {
-		tr.s.ipSubs.mu.Lock()
-		defer tr.s.ipSubs.mu.Unlock()
-		return tr.s.ipSubs.held[ip]
-	}
-	waitHeld := func(ip string, n int) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for held(ip) != n {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s holds %d places, want %d", ip, held(ip), n)
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
-	refusedBefore := testutil.ToFloat64(metrics.SubscriptionsRefused.WithLabelValues("ip"))
+	b := newSubBound(t, tr.s.ipSubs, "ip", "restricted: too many subscriptions from your address")
 	a, _ := tr.dialFrom(t, "127.0.0.8", false)
-	b, _ := tr.dialFrom(t, "127.0.0.8", false)
+	a2, _ := tr.dialFrom(t, "127.0.0.8", false)
 	other, _ := tr.dialFrom(t, "127.0.0.9", false)
 
-	for _, step := range []struct {
-		c      *client
-		id     string
-		closed bool
-	}{
-		{a, "a1", false},
-		{a, "a2", false},
-		{a, "a2", false}, // replaces a2: still two places
-		{b, "b1", false},
-		{b, "b2", true}, // the address's fourth
-		{a, "a3", true},
-		{b, "b1", false}, // replaces b1 at the bound: its own place is given back first
-		{other, "o1", false},
-		{other, "o2", false},
-		{other, "o3", false},
-	} {
-		got := open(step.c, step.id)
-		if step.closed != (got != "") || (got != "" && !strings.HasPrefix(got, "restricted: too many subscriptions from your address")) {
-			t.Fatalf("REQ %s: CLOSED %q, want closed %v", step.id, got, step.closed)
-		}
-	}
-	if n := held("127.0.0.8"); n != 3 {
+	b.steps(
+		subStep{a, "a1", false},
+		subStep{a, "a2", false},
+		subStep{a, "a2", false}, // replaces a2: still two places
+		subStep{a2, "b1", false},
+		subStep{a2, "b2", true}, // the address's fourth
+		subStep{a, "a3", true},
+		subStep{a2, "b1", false}, // replaces b1 at the bound: its own place is given back first
+		subStep{other, "o1", false},
+		subStep{other, "o2", false},
+		subStep{other, "o3", false},
+	)
+	if n := b.held("127.0.0.8"); n != 3 {
 		t.Fatalf("127.0.0.8 holds %d places, want 3", n)
 	}
-	if n := testutil.ToFloat64(metrics.SubscriptionsRefused.WithLabelValues("ip")) - refusedBefore; n != 2 {
+	if n := b.refusals(); n != 2 {
 		t.Fatalf("refusals counted %v, want 2", n)
 	}
 
 	a.sendJSON("CLOSE", "a1")
-	waitHeld("127.0.0.8", 2) // the CLOSE is handled before b asks
-	if got := open(b, "b2"); got != "" {
+	b.waitHeld("127.0.0.8", 2) // the CLOSE is handled before a2 asks
+	if got := b.open(a2, "b2"); got != "" {
 		t.Fatalf("REQ after a CLOSE freed a place: CLOSED %q", got)
 	}
-	if got := open(b, "b3"); got == "" {
+	if got := b.open(a2, "b3"); got == "" {
 		t.Fatal("REQ over the bound again was not CLOSED")
 	}
 
 	// a's connection ends: its remaining subscription (a2) gives its place back.
 	a.ws.Close()
-	waitHeld("127.0.0.8", 2)
-	if got := open(b, "b3"); got != "" {
+	b.waitHeld("127.0.0.8", 2)
+	if got := b.open(a2, "b3"); got != "" {
 		t.Fatalf("REQ after a's connection ended: CLOSED %q", got)
 	}
-	if n := held("127.0.0.8"); n != 3 {
+	if n := b.held("127.0.0.8"); n != 3 {
 		t.Fatalf("127.0.0.8 holds %d places, want 3 (b1, b2, b3)", n)
 	}
-	b.ws.Close()
+	a2.ws.Close()
 	other.ws.Close()
-	waitHeld("127.0.0.8", 0)
-	waitHeld("127.0.0.9", 0)
+	b.waitHeld("127.0.0.8", 0)
+	b.waitHeld("127.0.0.9", 0)
 }

@@ -31,6 +31,14 @@ type Config struct {
 	// slow client.
 	InboxEvents      int
 	InboxEventsPerIP int
+	// DeliveryRatePerIP bounds the live delivery one client IP's connections get together, in
+	// units per second (deliveryShares: a copy sent is one unit and one more per KiB), default
+	// 20,000 with a burst of DeliveryBurstPerIP, default 2,000 (a tenth of a second: a burst
+	// is delivered at full speed, and one address's must not hold the machine for long). Over
+	// it, its deliveries wait in its inboxes. Negative: unlimited.
+	DeliveryRatePerIP  float64
+	DeliveryBurstPerIP int
+
 	MaxFilters       int   // per REQ/COUNT, default 16
 	MaxLimit         int   // default 5000
 	DefaultLimit     int   // default 500
@@ -141,6 +149,10 @@ func (c *Config) applyDefaults() error {
 	def(&c.MaxSubscriptionsTotal, 100000)
 	def(&c.InboxEvents, 8192)
 	def(&c.InboxEventsPerIP, 32768)
+	if c.DeliveryRatePerIP == 0 {
+		c.DeliveryRatePerIP = 20000
+	}
+	def(&c.DeliveryBurstPerIP, 2000)
 	if c.DedupBytes <= 0 {
 		c.DedupBytes = 256 << 20
 	}

@@ -49,6 +49,7 @@ type Server struct {
 	allSubs       *ipSlots        // live subscriptions of the process, under one key (MaxSubscriptionsTotal)
 	dedup         *dedupBudget    // ids held by the subscriptions' de-dup windows (DedupBytes)
 	ipInbox       *ipCounts       // live deliveries waiting in inboxes per client IP (InboxEventsPerIP)
+	shares        *deliveryShares // what live delivery one client IP gets (DeliveryRatePerIP)
 	ipQueries     *ipQueries      // REQ/COUNT queries (and gate lookups) in flight per client IP
 	acceptErrLog  logx.Sampler
 
@@ -141,6 +142,7 @@ func New(cfg Config, acceptPool, queryPool *pgxpool.Pool) (*Server, error) {
 	s.allSubs = newIPSlots(cfg.MaxSubscriptionsTotal)
 	s.dedup = newDedupBudget(cfg.DedupBytes)
 	s.ipInbox = newIPCounts(cfg.InboxEventsPerIP)
+	s.shares = newDeliveryShares(cfg.DeliveryRatePerIP, cfg.DeliveryBurstPerIP, deliverySlots())
 	metrics.SetSendQueued(s.sends.total.Load)
 	if cfg.MaxQueriesPerIP <= 0 {
 		cfg.MaxQueriesPerIP = max(1, int(queryPool.Config().MaxConns)/2)

@@ -49,13 +49,15 @@ type serveConfig struct {
 	ReqBurst         int
 	IPEventRate      float64 // EVENTs per second per client IP across its connections
 	IPReqRate        float64
-	MaxConns         int // open WebSocket connections per process
-	IPMaxConns       int // of them from one client IP
-	IPMaxSubs        int // live subscriptions of one client IP across its connections
-	MaxSubs          int // live subscriptions of the process
-	DedupMB          int // memory of the subscriptions' de-duplication windows together
-	InboxEvents      int // live deliveries waiting to be matched, per connection
-	IPInboxEvents    int // and per client IP across its connections
+	MaxConns         int     // open WebSocket connections per process
+	IPMaxConns       int     // of them from one client IP
+	IPMaxSubs        int     // live subscriptions of one client IP across its connections
+	MaxSubs          int     // live subscriptions of the process
+	DedupMB          int     // memory of the subscriptions' de-duplication windows together
+	InboxEvents      int     // live deliveries waiting to be matched, per connection
+	IPInboxEvents    int     // and per client IP across its connections
+	IPDeliveryRate   float64 // live delivery units per second per client IP, 0 = unlimited
+	IPDeliveryBurst  int
 	ShutdownGrace    time.Duration
 	DBWait           time.Duration
 	ReminderBatch    int
@@ -170,6 +172,8 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	fs.IntVar(&c.DedupMB, "dedup-mb", envInt("BUZZ_DEDUP_MB", 256), "MiB the subscriptions' de-duplication windows hold together; past it windows stop growing (BUZZ_DEDUP_MB)")
 	fs.IntVar(&c.InboxEvents, "inbox-events", envInt("BUZZ_INBOX_EVENTS", 8192), "live events waiting to be matched against one connection's subscriptions; past it the connection is closed as slow (BUZZ_INBOX_EVENTS)")
 	fs.IntVar(&c.IPInboxEvents, "ip-inbox-events", envInt("BUZZ_IP_INBOX_EVENTS", 32768), "the same across one client IP's connections (BUZZ_IP_INBOX_EVENTS)")
+	fs.Float64Var(&c.IPDeliveryRate, "ip-delivery-rate", envFloat("BUZZ_IP_DELIVERY_RATE", 20000), "live delivery per second to one client IP's connections together, in units: a copy of an event is one, plus one per KiB; over it its deliveries wait in its inboxes; 0 = unlimited (BUZZ_IP_DELIVERY_RATE)")
+	fs.IntVar(&c.IPDeliveryBurst, "ip-delivery-burst", envInt("BUZZ_IP_DELIVERY_BURST", 2000), "burst for --ip-delivery-rate (BUZZ_IP_DELIVERY_BURST)")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", envDur("BUZZ_SHUTDOWN_GRACE", 10*time.Second), "how long graceful shutdown may take (BUZZ_SHUTDOWN_GRACE)")
 	fs.IntVar(&c.ReminderBatch, "reminder-batch", envInt("BUZZ_REMINDER_BATCH", 1000), "reminders claimed and confirmed per transaction (BUZZ_REMINDER_BATCH)")
 	fs.StringVar(&c.MetricsListen, "metrics-listen", envStr("BUZZ_METRICS_LISTEN", ""), "address for /metrics and a detailed /readyz, off when empty; keep it private (BUZZ_METRICS_LISTEN)")
@@ -345,7 +349,7 @@ func (c *serveConfig) checkRanges() error {
 		bad = append(bad, fmt.Sprintf("BUZZ_REMINDER_BATCH=%d must be at most %d", c.ReminderBatch, maxReminderBatch))
 	}
 	for name, v := range map[string]float64{"BUZZ_EVENT_RATE": c.EventRate, "BUZZ_REQ_RATE": c.ReqRate,
-		"BUZZ_IP_EVENT_RATE": c.IPEventRate, "BUZZ_IP_REQ_RATE": c.IPReqRate} {
+		"BUZZ_IP_EVENT_RATE": c.IPEventRate, "BUZZ_IP_REQ_RATE": c.IPReqRate, "BUZZ_IP_DELIVERY_RATE": c.IPDeliveryRate} {
 		if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) { // NaN passes "< 0", then breaks NIP-11's JSON
 			bad = append(bad, fmt.Sprintf("%s=%g must be 0 (unlimited) or a finite number above it", name, v))
 		}
@@ -353,7 +357,7 @@ func (c *serveConfig) checkRanges() error {
 	for name, v := range map[string]int{"BUZZ_EVENT_BURST": c.EventBurst, "BUZZ_REQ_BURST": c.ReqBurst,
 		"BUZZ_REMINDER_BATCH": c.ReminderBatch, "BUZZ_RESULT_BUDGET_MB": c.ResultBudgetMB, "BUZZ_SEND_BUDGET_MB": c.SendBudgetMB,
 		"BUZZ_IP_MAX_SUBSCRIPTIONS": c.IPMaxSubs, "BUZZ_MAX_SUBSCRIPTIONS": c.MaxSubs, "BUZZ_DEDUP_MB": c.DedupMB,
-		"BUZZ_INBOX_EVENTS": c.InboxEvents, "BUZZ_IP_INBOX_EVENTS": c.IPInboxEvents} {
+		"BUZZ_INBOX_EVENTS": c.InboxEvents, "BUZZ_IP_INBOX_EVENTS": c.IPInboxEvents, "BUZZ_IP_DELIVERY_BURST": c.IPDeliveryBurst} {
 		if v < 1 {
 			bad = append(bad, fmt.Sprintf("%s=%d must be at least 1", name, v))
 		}

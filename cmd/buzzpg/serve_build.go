@@ -144,6 +144,8 @@ func (s *server) newRelay() (*relay.Server, error) {
 		DedupBytes:            int64(cfg.DedupMB) << 20,
 		InboxEvents:           cfg.InboxEvents,
 		InboxEventsPerIP:      cfg.IPInboxEvents,
+		DeliveryRatePerIP:     orUnlimited(cfg.IPDeliveryRate),
+		DeliveryBurstPerIP:    cfg.IPDeliveryBurst,
 		TrustedProxies:        cfg.TrustedProxies,
 		InitialResultBudget:   int64(cfg.ResultBudgetMB) << 20,
 		InitialResultPerIP:    int64(cfg.ResultIPShareMB) << 20,
@@ -227,4 +229,13 @@ func (s *server) newHTTP() *http.Server {
 	// IdleTimeout: a keep-alive connection (after /healthz, NIP-11 or a refused upgrade) holds
 	// a file descriptor and counts against no cap; upgraded WebSockets are not affected.
 	return &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 60 * time.Second}
+}
+
+// orUnlimited maps a rate of 0 (unlimited, as the flags say) to the relay's negative one (its 0
+// takes the default).
+func orUnlimited(rate float64) float64 {
+	if rate == 0 {
+		return -1
+	}
+	return rate
 }

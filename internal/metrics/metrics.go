@@ -56,6 +56,9 @@ var (
 	DeliveryInbox = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "buzz_delivery_inbox", Help: "Live deliveries waiting in connections' inboxes to be matched against their subscriptions (bounded by BUZZ_INBOX_EVENTS and BUZZ_IP_INBOX_EVENTS).",
 	})
+	DeliveryThrottled = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "buzz_delivery_throttled_total", Help: "Times a connection's live deliveries waited because its client IP had spent its delivery budget (BUZZ_IP_DELIVERY_RATE).",
+	})
 	DedupBytes = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "buzz_dedup_bytes", Help: "Approximate bytes held by the subscriptions' de-duplication windows (bounded by BUZZ_DEDUP_MB).",
 	})
