@@ -57,9 +57,9 @@ func BenchmarkRecentMatching(b *testing.B) {
 		t0 := time.Now()
 		nb := before(queried)
 		t1 := time.Now()
-		nf := len(r.matching(queried, now))
+		nf := len(takeAll(&r, queried, now))
 		t2 := time.Now()
-		nz := len(r.matching(live, now))
+		nz := len(takeAll(&r, live, now))
 		t3 := time.Now()
 		if nb != r.n || nf != r.n || nz != 0 {
 			b.Fatalf("matched %d before, %d now, %d for limit 0; want %d, %d, 0", nb, nf, nz, r.n, r.n)

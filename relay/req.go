@@ -6,7 +6,6 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
-	"github.com/buzzpg/buzzpg/internal/evt"
 	"github.com/buzzpg/buzzpg/internal/hooks"
 	"github.com/buzzpg/buzzpg/internal/metrics"
 )
@@ -33,7 +32,7 @@ func (c *conn) handleReq(subID string, filters []nostr.Filter) {
 	}
 	// Taken now, not after the query: however long the query waits, what was delivered just
 	// before the subscription existed is still at hand (recentStored).
-	before := c.s.recent.matching(sub, timeNow())
+	before := c.s.recent.take(sub, timeNow())
 	hooks.At(sub.ctx, "relay.req.registered")
 
 	if !c.acquireQuery(sub.ctx) {
@@ -95,7 +94,7 @@ func (c *conn) register(sub *subscription) bool {
 // stored events delivered before it existed that the query's snapshot missed (replayUnseen), then
 // EOSE. The rows are read completely (bounded by maxInitialBytes) before sending, so a slow client
 // holds no database connection.
-func (c *conn) runInitial(sub *subscription, before []evt.Delivery) {
+func (c *conn) runInitial(sub *subscription, before taken) {
 	rows, held, snap, err := c.queryStored(sub.ctx, sub.filters)
 	// Each row gives its bytes back once it is in the send queue (bounded per connection), so a
 	// slow reader holds only what it has not taken yet; the rest comes back when this returns.
@@ -122,7 +121,7 @@ func (c *conn) runInitial(sub *subscription, before []evt.Delivery) {
 		return
 	}
 	hooks.At(sub.ctx, "relay.req.queried")
-	before = unseenBy(snap, before) // keep only what may be sent: a slow reader holds no more
+	unseen := before.unseen(snap, sub) // only what may be sent: a slow reader holds no more
 	// From here on, live events the query's snapshot saw are not sent (unless they also match a
 	// filter with limit 0, which had no query, and no row sent them: sentAsRow): the query
 	// answered them, or passed them over (limit, budget, replaced, deleted). Those that came live
@@ -152,7 +151,7 @@ func (c *conn) runInitial(sub *subscription, before []evt.Delivery) {
 		c.releaseInitial(int64(len(r.json)))
 		held -= int64(len(r.json))
 	}
-	if !c.replayUnseen(sub, before) {
+	if !c.replayUnseen(sub, unseen) {
 		return
 	}
 	sub.mu.Lock()
