@@ -95,7 +95,7 @@ func (c *conn) register(sub *subscription) bool {
 // EOSE. The rows are read completely (bounded by maxInitialBytes) before sending, so a slow client
 // holds no database connection.
 func (c *conn) runInitial(sub *subscription, before taken) {
-	rows, held, snap, err := c.queryStored(sub.ctx, sub.filters)
+	rows, held, snap, err := c.queryStored(sub.ctx, sub.filters, sub.prefix)
 	// Each row gives its bytes back once it is in the send queue (bounded per connection), so a
 	// slow reader holds only what it has not taken yet; the rest comes back when this returns.
 	defer func() { c.releaseInitial(held) }()
@@ -134,22 +134,21 @@ func (c *conn) runInitial(sub *subscription, before taken) {
 		sub.mu.Unlock()
 	})
 	for i, r := range rows {
-		key := keyOf(r.id)
-		sent := sub.sendLocked(c, eventMessage(sub.prefix, r.json), func() bool {
-			if _, live := sub.sentLive[key]; live || sub.seen.has(key) {
+		sent := sub.sendLocked(c, r.msg, func() bool {
+			if _, live := sub.sentLive[r.key]; live || sub.seen.has(r.key) {
 				return false
 			}
-			sub.recordRow(key) // for a filter with limit 0 (sentAsRow)
+			sub.recordRow(r.key) // for a filter with limit 0 (sentAsRow)
 			return true
 		})
 		if !sent {
 			return
 		}
-		// The queue holds its own copy now: drop ours, or the budget would count bytes that are
-		// gone while the slice still holds them.
-		rows[i].json = nil
-		c.releaseInitial(int64(len(r.json)))
-		held -= int64(len(r.json))
+		// The queue holds the message now: drop ours, or the budget would count bytes that are
+		// gone once the queue lets them go while the slice still holds them.
+		rows[i].msg = nil
+		c.releaseInitial(int64(r.size))
+		held -= int64(r.size)
 	}
 	if !c.replayUnseen(sub, unseen) {
 		return
