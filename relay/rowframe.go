@@ -106,6 +106,19 @@ var jsonSafe = func() (t [utf8.RuneSelf]bool) {
 
 const lowerHex = "0123456789abcdef"
 
+// needsCare8 reports whether any of the eight bytes in w is not jsonSafe: a control character,
+// '"', '\\', or a byte of a multi-byte (or invalid) UTF-8 sequence. Exact for "any" (the usual
+// bit tricks: a byte below n, a byte equal to zero), which is all the caller asks.
+func needsCare8(w uint64) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	ctl := (w - 0x20*ones) &^ w // a byte below 0x20 (bytes from 0x80 are caught by w itself)
+	q := w ^ ('"' * ones)
+	q = (q - ones) &^ q // a byte equal to '"'
+	bs := w ^ ('\\' * ones)
+	bs = (bs - ones) &^ bs // a byte equal to '\\'
+	return (ctl|q|bs|w)&highs != 0
+}
+
 // appendJSONString appends s as a JSON string exactly as easyjson's jwriter.String writes it
 // with NoEscapeHTML: \t \r \n \\ \" short, other control characters \u00XX, each byte of invalid
 // UTF-8 \ufffd, U+2028 and U+2029 escaped, everything else (UTF-8 included) as it is.
@@ -113,6 +126,10 @@ func appendJSONString(dst, s []byte) []byte {
 	dst = append(dst, '"')
 	p := 0 // start of the run not yet appended
 	for i := 0; i < len(s); {
+		if i+8 <= len(s) && !needsCare8(binary.LittleEndian.Uint64(s[i:])) {
+			i += 8 // hex fields and most text: eight bytes at a time
+			continue
+		}
 		c := s[i]
 		if c < utf8.RuneSelf {
 			if jsonSafe[c] {

@@ -40,10 +40,13 @@ func TestAppendJSONStringMatchesEasyjson(t *testing.T) {
 			t.Errorf("%q: got %s, want %s", s, got, want)
 		}
 	}
-	for c := 0; c < 256; c++ { // every single byte
-		s := string([]byte{'a', byte(c), 'b'})
-		if got, want := appendJSONString(nil, []byte(s)), easyjsonString(s); !bytes.Equal(got, want) {
-			t.Errorf("byte %#x: got %s, want %s", c, got, want)
+	for c := 0; c < 256; c++ { // every single byte, at every place of an eight-byte word
+		for at := 0; at < 18; at++ {
+			b := []byte(strings.Repeat("abcdefgh", 3)[:18])
+			b[at] = byte(c)
+			if got, want := appendJSONString(nil, b), easyjsonString(string(b)); !bytes.Equal(got, want) {
+				t.Errorf("byte %#x at %d: got %s, want %s", c, at, got, want)
+			}
 		}
 	}
 }
