@@ -17,6 +17,7 @@ import (
 type recentStored struct {
 	mu    sync.Mutex
 	ring  []*recentEntry // circular, oldest at head; allocated on first use
+	xids  []uint32       // ring[i]'s transaction id, side by side: tested without a pointer each
 	head  int
 	n     int
 	bytes int
@@ -45,18 +46,24 @@ func (r *recentStored) add(d evt.Delivery, ix tagIndex, now time.Time) {
 	defer r.mu.Unlock()
 	if r.ring == nil {
 		r.ring = make([]*recentEntry, recentMaxEntries)
+		r.xids = make([]uint32, recentMaxEntries)
 	}
 	for r.n > 0 && (r.n == len(r.ring) || r.bytes+size > recentMaxBytes || now.Sub(r.ring[r.head].at) > recentMaxAge) {
 		r.drop()
 	}
-	r.ring[(r.head+r.n)%len(r.ring)] = &recentEntry{d: d, ix: ix, at: now, bytes: size}
+	tail := (r.head + r.n) % len(r.ring)
+	r.ring[tail] = &recentEntry{d: d, ix: ix, at: now, bytes: size}
+	r.xids[tail] = d.Xid
 	r.n++
 	r.bytes += size
 }
 
 // taken is what a REQ took from recentStored as it registered: the entries kept then, not yet
-// matched (unseen matches them once the query's snapshot is known).
-type taken []*recentEntry
+// matched (unseen matches them once the query's snapshot is known), and their transaction ids.
+type taken struct {
+	entries []*recentEntry
+	xids    []uint32
+}
 
 // take returns the entries kept now, oldest first, for a subscription with a queried filter.
 // Called as the subscription registers; its query's snapshot then says which of them it missed
@@ -68,7 +75,7 @@ type taken []*recentEntry
 // tags cost a core here, review finding).
 func (r *recentStored) take(sub *subscription, now time.Time) taken {
 	if !sub.hasQueried() {
-		return nil
+		return taken{}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -80,14 +87,19 @@ func (r *recentStored) take(sub *subscription, now time.Time) taken {
 		r.drop()
 	}
 	if r.n == 0 {
-		return nil
+		return taken{}
 	}
-	out := make(taken, r.n)
-	if tail := r.head + r.n; tail <= len(r.ring) {
-		copy(out, r.ring[r.head:tail])
+	return taken{entries: ringCopy(r.ring, r.head, r.n), xids: ringCopy(r.xids, r.head, r.n)}
+}
+
+// ringCopy copies the n elements of a circular buffer that start at head, in order.
+func ringCopy[T any](ring []T, head, n int) []T {
+	out := make([]T, n)
+	if tail := head + n; tail <= len(ring) {
+		copy(out, ring[head:tail])
 	} else {
-		k := copy(out, r.ring[r.head:])
-		copy(out[k:], r.ring[:tail-len(r.ring)])
+		k := copy(out, ring[head:])
+		copy(out[k:], ring[:tail-len(ring)])
 	}
 	return out
 }
@@ -100,9 +112,11 @@ func (t taken) unseen(snap *mvccSnapshot, sub *subscription) []evt.Delivery {
 		return nil
 	}
 	var out []evt.Delivery
-	for _, e := range t {
-		if !snap.sees(e.d.Xid) && sub.matchesQueried(e.d, e.ix) {
-			out = append(out, e.d)
+	for i, xid := range t.xids {
+		if !snap.sees(xid) {
+			if e := t.entries[i]; sub.matchesQueried(e.d, e.ix) {
+				out = append(out, e.d)
+			}
 		}
 	}
 	return out

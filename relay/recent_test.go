@@ -113,7 +113,7 @@ func TestRecentTakeDropsAged(t *testing.T) {
 	for i := 0; i < 100; i++ {
 		r.add(evt.Delivery{Event: &nostr.Event{ID: strconv.Itoa(i), Kind: 1}, Xid: uint32(i + 3)}, nil, now)
 	}
-	if got := r.take(sub, now.Add(recentMaxAge+time.Millisecond)); len(got) != 0 || r.n != 0 || r.bytes != 0 {
-		t.Fatalf("after the age limit: %d taken, %d kept (%d bytes); want none", len(got), r.n, r.bytes)
+	if got := r.take(sub, now.Add(recentMaxAge+time.Millisecond)); len(got.entries) != 0 || r.n != 0 || r.bytes != 0 {
+		t.Fatalf("after the age limit: %d taken, %d kept (%d bytes); want none", len(got.entries), r.n, r.bytes)
 	}
 }
