@@ -1,24 +1,26 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/metrics"
 )
 
+// storedRow is one row of an initial answer, as its EVENT message.
 type storedRow struct {
-	id   string
-	json []byte
+	key  idKey
+	msg  []byte // `["EVENT","<sub>",<event JSON>]`
+	size int    // the event JSON's bytes in msg: what the budgets hold for it
 }
 
 // queryStored reads the initial rows of filters, newest first, de-duplicated across filters, and
 // the snapshot they were read in. held is what the rows took from the process-wide budget; the
 // caller gives it back once they are sent.
-func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out []storedRow, held int64, snap *mvccSnapshot, err error) {
+func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter, prefix []byte) (out []storedRow, held int64, snap *mvccSnapshot, err error) {
 	sql, args := reqSQL(filters, c.authedList())
 	if sql == "" {
 		return nil, 0, nil, nil
@@ -36,7 +38,7 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter) (out 
 	}()
 	err = c.runQuery(ctx, "REQ", func(ctx context.Context, pc *pgxpool.Conn) error {
 		var rerr error
-		snap, rerr = c.readInSnapshot(ctx, pc, sql, args, &ans)
+		snap, rerr = c.readInSnapshot(ctx, pc, sql, args, prefix, &ans)
 		return rerr
 	})
 	if err != nil {
@@ -55,7 +57,7 @@ type initialAnswer struct {
 // readInSnapshot reads the rows of the query sql into ans, and the snapshot they were read in:
 // both come from one transaction, so from one snapshot, and all four statements go in one round
 // trip.
-func (c *conn) readInSnapshot(ctx context.Context, pc *pgxpool.Conn, sql string, args []any, ans *initialAnswer) (snap *mvccSnapshot, err error) {
+func (c *conn) readInSnapshot(ctx context.Context, pc *pgxpool.Conn, sql string, args []any, prefix []byte, ans *initialAnswer) (snap *mvccSnapshot, err error) {
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY`)
 	b.Queue(`SELECT pg_current_snapshot()::text, pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint`)
@@ -81,7 +83,7 @@ func (c *conn) readInSnapshot(ctx context.Context, pc *pgxpool.Conn, sql string,
 		return nil, err
 	}
 	defer rows.Close()
-	if err = c.readRows(rows, ans); err != nil {
+	if err = c.readRows(rows, prefix, ans); err != nil {
 		return nil, err
 	}
 	rows.Close()
@@ -109,33 +111,30 @@ func scanSnapshot(br pgx.BatchResults) (*mvccSnapshot, error) {
 	return snap, nil
 }
 
-// readRows appends the query's rows to ans, one per event, until maxInitialBytes or a budget
-// (takeInitial) stops them. errBudgetSpent: not even the first row fit.
-func (c *conn) readRows(rows pgx.Rows, ans *initialAnswer) error {
-	var ev nostr.Event
-	var tags string
+// readRows appends the query's rows to ans as EVENT messages with prefix, one per event, until
+// maxInitialBytes or a budget (takeInitial) stops them. errBudgetSpent: not even the first row
+// fit.
+func (c *conn) readRows(rows pgx.Rows, prefix []byte, ans *initialAnswer) error {
+	fds := rows.FieldDescriptions()
 	total := 0
-	prev := ""
+	var prev []byte
 	for rows.Next() {
-		var kind int32
-		var createdAt int64
-		if err := rows.Scan(&ev.ID, &ev.PubKey, &createdAt, &kind, &tags, &ev.Content, &ev.Sig); err != nil {
-			return err
-		}
-		if ev.ID == prev {
+		vals := rows.RawValues() // valid until Next: what is kept is copied (rowFrame, prev)
+		if len(vals) > colID && prev != nil && bytes.Equal(vals[colID], prev) {
 			continue // the same row matched by another filter: adjacent in (created_at, id) order
 		}
-		prev = ev.ID
-		ev.CreatedAt = nostr.Timestamp(createdAt)
-		ev.Kind = int(kind)
-		js := storedEventJSON(&ev, tags)
-		total += len(js)
+		msg, size, err := rowFrame(make([]byte, 0, rowFrameSize(prefix, vals)), prefix, vals, fds)
+		if err != nil {
+			return err
+		}
+		prev = append(prev[:0], vals[colID]...)
+		total += size
 		if total > maxInitialBytes {
 			metrics.InitialTruncated.WithLabelValues("query").Inc()
 			c.log.Debug("initial query truncated", "bytes", maxInitialBytes, "rows", len(ans.rows))
 			return nil
 		}
-		if bound := c.takeInitial(int64(len(js))); bound != "" {
+		if bound := c.takeInitial(int64(size)); bound != "" {
 			// Every connection's answers together stay within the budget, and one connection's
 			// (one client IP's) within its share: this one gets the newest rows that fit (NIP-01
 			// lets a relay return fewer than limit), or, when not one fits, a CLOSED that says why.
@@ -146,18 +145,8 @@ func (c *conn) readRows(rows pgx.Rows, ans *initialAnswer) error {
 			}
 			return nil
 		}
-		ans.held += int64(len(js))
-		ans.rows = append(ans.rows, storedRow{id: ev.ID, json: js})
+		ans.held += int64(size)
+		ans.rows = append(ans.rows, storedRow{key: keyOfBytes(vals[colID]), msg: msg, size: size})
 	}
 	return nil
-}
-
-// storedEventJSON builds an event's JSON from a row; tags come as jsonb text, already JSON.
-func storedEventJSON(ev *nostr.Event, tagsJSON string) []byte {
-	w := newWriter()
-	writeEventHead(w, ev)
-	w.RawString(`,"tags":`)
-	w.RawString(tagsJSON)
-	w.RawString(`,"content":`)
-	return finishEvent(w, ev)
 }

@@ -43,21 +43,6 @@ func (c *conn) replayUnseen(sub *subscription, unseen []evt.Delivery) bool {
 	return true
 }
 
-// unseenBy keeps the deliveries whose transactions snap did not see (none without a snapshot:
-// there was no query to miss them).
-func unseenBy(snap *mvccSnapshot, ds []evt.Delivery) []evt.Delivery {
-	if snap == nil {
-		return nil
-	}
-	var out []evt.Delivery
-	for _, d := range ds {
-		if !snap.sees(d.Xid) {
-			out = append(out, d)
-		}
-	}
-	return out
-}
-
 // mayRead is the live read gate for one connection (Deliver's), with a member lookup on the
 // query pool within the client's share.
 func (c *conn) mayRead(ctx context.Context, d evt.Delivery) (bool, error) {

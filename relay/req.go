@@ -6,7 +6,6 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
-	"github.com/buzzpg/buzzpg/internal/evt"
 	"github.com/buzzpg/buzzpg/internal/hooks"
 	"github.com/buzzpg/buzzpg/internal/metrics"
 )
@@ -33,7 +32,7 @@ func (c *conn) handleReq(subID string, filters []nostr.Filter) {
 	}
 	// Taken now, not after the query: however long the query waits, what was delivered just
 	// before the subscription existed is still at hand (recentStored).
-	before := c.s.recent.matching(sub, timeNow())
+	before := c.s.recent.take(sub, timeNow())
 	hooks.At(sub.ctx, "relay.req.registered")
 
 	if !c.acquireQuery(sub.ctx) {
@@ -95,8 +94,8 @@ func (c *conn) register(sub *subscription) bool {
 // stored events delivered before it existed that the query's snapshot missed (replayUnseen), then
 // EOSE. The rows are read completely (bounded by maxInitialBytes) before sending, so a slow client
 // holds no database connection.
-func (c *conn) runInitial(sub *subscription, before []evt.Delivery) {
-	rows, held, snap, err := c.queryStored(sub.ctx, sub.filters)
+func (c *conn) runInitial(sub *subscription, before taken) {
+	rows, held, snap, err := c.queryStored(sub.ctx, sub.filters, sub.prefix)
 	// Each row gives its bytes back once it is in the send queue (bounded per connection), so a
 	// slow reader holds only what it has not taken yet; the rest comes back when this returns.
 	defer func() { c.releaseInitial(held) }()
@@ -122,7 +121,7 @@ func (c *conn) runInitial(sub *subscription, before []evt.Delivery) {
 		return
 	}
 	hooks.At(sub.ctx, "relay.req.queried")
-	before = unseenBy(snap, before) // keep only what may be sent: a slow reader holds no more
+	unseen := before.unseen(snap, sub) // only what may be sent: a slow reader holds no more
 	// From here on, live events the query's snapshot saw are not sent (unless they also match a
 	// filter with limit 0, which had no query, and no row sent them: sentAsRow): the query
 	// answered them, or passed them over (limit, budget, replaced, deleted). Those that came live
@@ -135,24 +134,23 @@ func (c *conn) runInitial(sub *subscription, before []evt.Delivery) {
 		sub.mu.Unlock()
 	})
 	for i, r := range rows {
-		key := keyOf(r.id)
-		sent := sub.sendLocked(c, eventMessage(sub.prefix, r.json), func() bool {
-			if _, live := sub.sentLive[key]; live || sub.seen.has(key) {
+		sent := sub.sendLocked(c, r.msg, func() bool {
+			if _, live := sub.sentLive[r.key]; live || sub.seen.has(r.key) {
 				return false
 			}
-			sub.recordRow(key) // for a filter with limit 0 (sentAsRow)
+			sub.recordRow(r.key) // for a filter with limit 0 (sentAsRow)
 			return true
 		})
 		if !sent {
 			return
 		}
-		// The queue holds its own copy now: drop ours, or the budget would count bytes that are
-		// gone while the slice still holds them.
-		rows[i].json = nil
-		c.releaseInitial(int64(len(r.json)))
-		held -= int64(len(r.json))
+		// The queue holds the message now: drop ours, or the budget would count bytes that are
+		// gone once the queue lets them go while the slice still holds them.
+		rows[i].msg = nil
+		c.releaseInitial(int64(r.size))
+		held -= int64(r.size)
 	}
-	if !c.replayUnseen(sub, before) {
+	if !c.replayUnseen(sub, unseen) {
 		return
 	}
 	sub.mu.Lock()

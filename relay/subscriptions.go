@@ -169,6 +169,15 @@ func keyOf(id string) idKey {
 	return k
 }
 
+// keyOfBytes is keyOf for an id in bytes (a row's raw column).
+func keyOfBytes(id []byte) idKey {
+	var k idKey
+	if len(id) >= 32 {
+		_, _ = hex.Decode(k[:], id[:32])
+	}
+	return k
+}
+
 // dueKey identifies one due signal of one reminder version.
 type dueKey struct {
 	id    idKey
