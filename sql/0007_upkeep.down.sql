@@ -1,6 +1,7 @@
 DROP FUNCTION buzz.refresh_statistics();
 ALTER TABLE buzz.members RESET (autovacuum_analyze_scale_factor, autovacuum_analyze_threshold);
 ALTER TABLE buzz.events RESET (autovacuum_analyze_scale_factor, autovacuum_analyze_threshold);
+ALTER TABLE buzz.event_tags RESET (autovacuum_analyze_scale_factor, autovacuum_analyze_threshold);
 REVOKE ALL ON buzz.retention, buzz.upkeep_log FROM buzz_relay, buzz_operator;
 DROP FUNCTION IF EXISTS buzz.upkeep_status();
 DROP FUNCTION IF EXISTS buzz.upkeep_finish(text, bigint);
