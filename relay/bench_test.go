@@ -35,7 +35,7 @@ func fillEvents(t testing.TB, pool *pgxpool.Pool, n int) (author string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, `ANALYZE buzz.events`); err != nil {
+	if _, err := pool.Exec(ctx, `ANALYZE buzz.events, buzz.event_tags`); err != nil {
 		t.Fatal(err)
 	}
 	if err := pool.QueryRow(ctx, `SELECT encode(sha256('pk7'::bytea), 'hex')`).Scan(&author); err != nil {
@@ -144,6 +144,9 @@ func TestQueryPlans(t *testing.T) {
 		"one kind":        {Kinds: []int{7}, Limit: 100},
 		"#t":              {Tags: nostr.TagMap{"t": {"tag3"}}, Limit: 100},
 		"#e":              {Tags: nostr.TagMap{"e": {ref}}},
+		"#t+kind":         {Tags: nostr.TagMap{"t": {"tag3"}}, Kinds: []int{1}, Limit: 100},
+		"#t two values":   {Tags: nostr.TagMap{"t": {"tag3", "tag4"}}, Limit: 100},
+		"#t and #e":       {Tags: nostr.TagMap{"t": {"tag3"}, "e": {ref}}, Limit: 100},
 		"kind+since":      {Kinds: []int{1}, Since: ts(1600049000), Limit: 50},
 		"recent, no kind": {Since: ts(1600049900), Limit: 50},
 	}
@@ -168,6 +171,10 @@ func TestQueryPlans(t *testing.T) {
 			text := strings.Join(lines, "\n")
 			if strings.Contains(text, "Seq Scan on events") || !strings.Contains(text, "Index") {
 				t.Errorf("%s (authed=%v): no index use:\n%s", name, len(authed) > 0, text)
+			}
+			// One tag value and a limit: a walk of buzz.event_tags in the REQ's order, no sort.
+			if (name == "#t" || name == "#t+kind") && strings.Contains(text, "Sort") {
+				t.Errorf("%s (authed=%v): sorts instead of walking event_tags_idx:\n%s", name, len(authed) > 0, text)
 			}
 		}
 	}

@@ -39,7 +39,7 @@ CREATE TABLE buzz.events (
   sig         text    NOT NULL,
   received_at timestamptz NOT NULL DEFAULT now(),
   d_tag       text,                -- addressable events' d value ('' when absent)
-  tagvals     text[]  NOT NULL DEFAULT '{}', -- 'x:value' for every single-letter tag, for #x filters
+  tagvals     text[]  NOT NULL DEFAULT '{}', -- 'x:value' for every single-letter tag; buzz.event_tags indexes them
   h           text,                -- first h tag value (channel id), for channel history scans
   expires_at  bigint,              -- NIP-40 expiration (unix seconds) or NULL
   scope       "char"  NOT NULL DEFAULT '*' CHECK (scope IN ('*','a','p','c')),
@@ -53,7 +53,6 @@ CREATE INDEX events_created_idx      ON buzz.events (created_at DESC, id);
 CREATE INDEX events_pubkey_idx       ON buzz.events (pubkey, created_at DESC, id);
 CREATE INDEX events_kind_idx         ON buzz.events (kind, created_at DESC, id);
 CREATE INDEX events_pubkey_kind_idx  ON buzz.events (pubkey, kind, created_at DESC, id);
-CREATE INDEX events_tagvals_idx      ON buzz.events USING gin (tagvals);
 CREATE INDEX events_h_idx            ON buzz.events (h, created_at DESC, id) WHERE h IS NOT NULL;
 CREATE INDEX events_expires_idx      ON buzz.events (expires_at) WHERE expires_at IS NOT NULL;
 -- One head per replaceable/addressable address: the backstop behind accept_event's address lock.
@@ -63,6 +62,22 @@ CREATE UNIQUE INDEX events_addressable_head ON buzz.events (kind, pubkey, d_tag)
   WHERE kind >= 30000 AND kind < 40000;
 -- Snapshots (30622) are looked up by viewer across relay keys (key rotation).
 CREATE INDEX events_snapshot_viewer_idx ON buzz.events (d_tag, created_at DESC) WHERE kind = 30622;
+
+-- The #x filter index: one row per 'x:value' key of an event (buzz.events.tagvals), kept by the
+-- triggers of 0002_accept (events_tags_*), so every writer of buzz.events keeps it. A B-tree in
+-- the REQ's order: `{"#t":["v"],"limit":100}` walks the key's newest 100 entries and joins them
+-- to buzz.events on (id, created_at), where a GIN index on tagvals found every matching row and
+-- sorted them (docs/benchmarks.md). event_id has buzz.events.id's collation: a join on both
+-- columns then hands the index order to ORDER BY created_at DESC, id. No foreign key: the delete
+-- trigger removes an event's rows, which an RI check per deleted event would only re-check.
+CREATE TABLE buzz.event_tags (
+  tagval     text COLLATE "C" NOT NULL,
+  created_at bigint NOT NULL,
+  event_id   text NOT NULL
+);
+CREATE UNIQUE INDEX event_tags_idx ON buzz.event_tags (tagval, created_at DESC, event_id);
+COMMENT ON TABLE buzz.event_tags IS
+  'One row per ''x:value'' key (buzz.events.tagvals) of every stored event, kept by triggers on buzz.events: what #x filters walk, newest first.';
 
 -- NIP-09 tombstones: a deleted id stays deleted when published again (by its author). Keyed by
 -- (id, deleter): a kind 5 naming someone else's id (accepted; it deletes nothing) must not take

@@ -76,7 +76,7 @@ BEGIN
            WHERE length(x.t->>0) = 1 AND jsonb_array_length(x.t) >= 2);
 END $$;
 COMMENT ON FUNCTION buzz.event_tagvals(jsonb) IS
-  'The ''x:value'' keys of every single-letter tag: what #x filters match (GIN-indexed as events.tagvals).';
+  'The ''x:value'' keys of every single-letter tag: what #x filters match (events.tagvals, indexed in buzz.event_tags).';
 
 -- A length test plus '^[0-9a-f]+$': the regex engine expands a bounded repetition such as '{64}',
 -- which costs several times more per call. NULL-safe: a NULL is not false, so a missing field
@@ -292,6 +292,57 @@ COMMENT ON FUNCTION buzz.events_gift_wrap_channel_guard() IS
 CREATE TRIGGER events_gift_wrap_channel_guard BEFORE INSERT ON buzz.events
   FOR EACH ROW WHEN (NEW.kind = 1059 AND NEW.h IS NOT NULL)
   EXECUTE FUNCTION buzz.events_gift_wrap_channel_guard();
+
+-------------------------------------------------------------------------------------------------
+-- The #x filter index (buzz.event_tags). Triggers rather than a step in each writer: the
+-- per-event insert, the set-based run insert, the snapshot publisher, NIP-09, replacement and the
+-- upkeep purge all keep it, and so does psql. Their WHEN clauses run in the executor, so an
+-- untagged event runs no PL/pgSQL. Events are not updated by buzzpg; an UPDATE that changes the
+-- keys, created_at or id (psql) moves the rows all the same.
+CREATE FUNCTION buzz.events_tags_sync() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+BEGIN
+  IF TG_OP <> 'INSERT' THEN
+    -- Exactly the event's rows, each found through event_tags_idx.
+    DELETE FROM buzz.event_tags t
+     WHERE t.tagval = ANY (OLD.tagvals) AND t.created_at = OLD.created_at AND t.event_id = OLD.id;
+  END IF;
+  IF TG_OP <> 'DELETE' THEN
+    INSERT INTO buzz.event_tags (tagval, created_at, event_id)
+    SELECT DISTINCT v, NEW.created_at, NEW.id FROM unnest(NEW.tagvals) v WHERE v IS NOT NULL;
+  END IF;
+  RETURN NULL;
+END $$;
+COMMENT ON FUNCTION buzz.events_tags_sync() IS
+  'Trigger (per row on events: AFTER INSERT and AFTER DELETE of a row with tag keys, AFTER UPDATE that changes tagvals, created_at or id): keeps buzz.event_tags, the index #x filters walk, equal to the events'' tagvals.';
+
+CREATE FUNCTION buzz.events_tags_truncate() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, buzz, pg_temp
+AS $$
+BEGIN
+  TRUNCATE buzz.event_tags;
+  RETURN NULL;
+END $$;
+COMMENT ON FUNCTION buzz.events_tags_truncate() IS
+  'Trigger (AFTER TRUNCATE on events, which fires no row triggers): empties buzz.event_tags with it, so an event stored again finds no stale key in its way.';
+
+CREATE TRIGGER events_tags_insert AFTER INSERT ON buzz.events
+  FOR EACH ROW WHEN (NEW.tagvals <> '{}')
+  EXECUTE FUNCTION buzz.events_tags_sync();
+CREATE TRIGGER events_tags_update AFTER UPDATE OF id, created_at, tagvals ON buzz.events
+  FOR EACH ROW WHEN (OLD.tagvals IS DISTINCT FROM NEW.tagvals OR OLD.created_at IS DISTINCT FROM NEW.created_at
+                     OR OLD.id IS DISTINCT FROM NEW.id)
+  EXECUTE FUNCTION buzz.events_tags_sync();
+CREATE TRIGGER events_tags_delete AFTER DELETE ON buzz.events
+  FOR EACH ROW WHEN (OLD.tagvals <> '{}')
+  EXECUTE FUNCTION buzz.events_tags_sync();
+CREATE TRIGGER events_tags_truncate AFTER TRUNCATE ON buzz.events
+  FOR EACH STATEMENT EXECUTE FUNCTION buzz.events_tags_truncate();
+
+REVOKE ALL ON FUNCTION buzz.events_tags_sync(), buzz.events_tags_truncate() FROM PUBLIC;
 
 -------------------------------------------------------------------------------------------------
 -- Acceptance. accept_event runs the checks every event passes (shape, tags, kind, time), takes

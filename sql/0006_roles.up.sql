@@ -57,8 +57,8 @@ GRANT EXECUTE ON FUNCTION
   buzz.instance_heartbeat(text, text, text), buzz.reap_instances(interval),
   buzz.cfg(text), buzz.now_unix(), buzz.is_hex64(text), buzz.reject(text, text)
   TO buzz_relay;
--- REQ and COUNT (events, members), the listener's reads, the schema check.
-GRANT SELECT ON buzz.events, buzz.members, buzz.config, buzz.reminders, buzz.visibility_state,
+-- REQ and COUNT (events, their tag index, members), the listener's reads, the schema check.
+GRANT SELECT ON buzz.events, buzz.event_tags, buzz.members, buzz.config, buzz.reminders, buzz.visibility_state,
   buzz.visibility_outbox, buzz.instances, buzz.buzz_schema_migrations TO buzz_relay;
 -- serve writes its settings and its instance rows itself.
 GRANT INSERT, UPDATE ON buzz.config TO buzz_relay;

@@ -3,7 +3,8 @@ ALTER TABLE buzz.members RESET (autovacuum_analyze_scale_factor, autovacuum_anal
 ALTER TABLE buzz.events RESET (autovacuum_analyze_scale_factor, autovacuum_analyze_threshold);
 ALTER TABLE buzz.events
   ALTER COLUMN id SET STATISTICS -1, ALTER COLUMN content SET STATISTICS -1, ALTER COLUMN sig SET STATISTICS -1,
-  ALTER COLUMN tags SET STATISTICS -1, ALTER COLUMN received_at SET STATISTICS -1;
+  ALTER COLUMN tags SET STATISTICS -1, ALTER COLUMN received_at SET STATISTICS -1, ALTER COLUMN tagvals SET STATISTICS -1;
+ALTER TABLE buzz.event_tags RESET (autovacuum_analyze_scale_factor, autovacuum_analyze_threshold);
 REVOKE ALL ON buzz.retention, buzz.upkeep_log FROM buzz_relay, buzz_operator;
 DROP FUNCTION IF EXISTS buzz.upkeep_status();
 DROP FUNCTION IF EXISTS buzz.upkeep_finish(text, bigint);

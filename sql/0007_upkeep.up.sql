@@ -424,11 +424,13 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON buzz.retention TO buzz_operator;
 -- more than a tenth since its last analyze, and costs one catalog read when none did.
 
 ALTER TABLE buzz.events SET (autovacuum_analyze_scale_factor = 0.02, autovacuum_analyze_threshold = 1000);
--- No filter or join reads these columns' statistics (ids are unique by their index), and ANALYZE
+-- No filter or join reads these columns' statistics (ids are unique by their index; tag filters read
+-- buzz.event_tags), and ANALYZE
 -- spent most of its time on them: 220-260 ms for 20,000 events, 63-78 ms without.
 ALTER TABLE buzz.events
   ALTER COLUMN id SET STATISTICS 0, ALTER COLUMN content SET STATISTICS 0, ALTER COLUMN sig SET STATISTICS 0,
-  ALTER COLUMN tags SET STATISTICS 0, ALTER COLUMN received_at SET STATISTICS 0;
+  ALTER COLUMN tags SET STATISTICS 0, ALTER COLUMN received_at SET STATISTICS 0, ALTER COLUMN tagvals SET STATISTICS 0;
+ALTER TABLE buzz.event_tags SET (autovacuum_analyze_scale_factor = 0.02, autovacuum_analyze_threshold = 1000);
 ALTER TABLE buzz.members SET (autovacuum_analyze_scale_factor = 0.05, autovacuum_analyze_threshold = 500);
 
 -- SECURITY DEFINER: ANALYZE needs the tables' owner (the role that migrates); the relay's role may
@@ -446,7 +448,7 @@ BEGIN
   FOR rel IN
     SELECT s.relid::regclass
     FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
-    WHERE s.schemaname = 'buzz' AND s.relname IN ('events', 'members', 'channels', 'deleted_ids')
+    WHERE s.schemaname = 'buzz' AND s.relname IN ('events', 'event_tags', 'members', 'channels', 'deleted_ids')
       AND s.n_mod_since_analyze >= 500
       AND s.n_mod_since_analyze > 0.1 * greatest(c.reltuples, 0)
   LOOP

@@ -77,19 +77,26 @@ func TestReqPlansUseIndexesAfterABulkLoad(t *testing.T) {
 	loaded := time.Now()
 
 	pool := testenv.Pool(t, dbURL)
-	const tail = ` AND (e.expires_at IS NULL OR e.expires_at > floor(extract(epoch from statement_timestamp()))::bigint)` +
-		` AND e.scope = '*' ORDER BY e.created_at DESC, e.id LIMIT 100`
+	const gate = ` AND (e.expires_at IS NULL OR e.expires_at > floor(extract(epoch from statement_timestamp()))::bigint)` +
+		` AND e.scope = '*'`
+	const byEvent = gate + ` ORDER BY e.created_at DESC, e.id LIMIT 100`
+	// A tag filter walks buzz.event_tags in its own order (relay/filter_sql.go, reqPartSQL).
+	const byTag = gate + ` ORDER BY t0.created_at DESC, t0.event_id LIMIT 100`
+	const events, tagged = `SELECT e.id FROM buzz.events e WHERE `,
+		`SELECT e.id FROM buzz.event_tags t0 JOIN buzz.events e ON e.id = t0.event_id WHERE `
 	shapes := map[string]string{
-		"kinds":         `e.kind = 1`,
-		"#h":            fmt.Sprintf(`e.tagvals && ARRAY['h:%s']::text[]`, channel),
-		"authors+kinds": fmt.Sprintf(`e.pubkey = '%s' AND e.kind = 1`, authors[1]),
-		"ids":           fmt.Sprintf(`e.id = ANY(ARRAY['%s', '%s']::text[])`, firstID, strings.Repeat("0", 64)),
+		"kinds":         events + `e.kind = 1` + byEvent,
+		"#h":            tagged + fmt.Sprintf(`t0.tagval = 'h:%s'`, channel) + byTag,
+		"#t":            tagged + `t0.tagval = 't:tag7'` + byTag,
+		"#t+kinds":      tagged + `t0.tagval = 't:tag7' AND e.kind = 1` + byTag,
+		"authors+kinds": events + fmt.Sprintf(`e.pubkey = '%s' AND e.kind = 1`, authors[1]) + byEvent,
+		"ids":           events + fmt.Sprintf(`e.id = ANY(ARRAY['%s', '%s']::text[])`, firstID, strings.Repeat("0", 64)) + byEvent,
 	}
 	var bad map[string]string
 	for {
 		bad = map[string]string{}
-		for name, where := range shapes {
-			plan := explain(t, pool, `SELECT e.id FROM buzz.events e WHERE `+where+tail)
+		for name, query := range shapes {
+			plan := explain(t, pool, query)
 			// ids: a sort of the rows named (a primary-key lookup) is no full sort.
 			sorts := strings.Contains(plan, "Sort") && name != "ids"
 			if strings.Contains(plan, "Seq Scan") || sorts || !strings.Contains(plan, "Index") {

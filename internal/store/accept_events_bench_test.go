@@ -11,20 +11,23 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
 // BenchmarkAcceptEventsCPU measures what buzz.accept_events costs the PostgreSQL backend per
 // stored event (CPU time read from /proc, so a busy host moves it less than a rate), for batches
-// of plain kind 1 events (the set-based path) and of one event. Needs the server on this host.
+// of plain kind 1 events (the set-based path) and of one event, with no tag, one t tag, or three
+// tags (t, p, e: each a row of buzz.event_tags). Needs the server on this host.
 //
 //	go test -tags libsecp256k1 -run '^$' -bench AcceptEventsCPU -benchtime 3000x ./internal/store/
 func BenchmarkAcceptEventsCPU(b *testing.B) {
 	url := testenv.DB(b)
 	ctx := context.Background()
-	for _, size := range []int{50, 1} {
-		b.Run(fmt.Sprintf("batch=%d", size), func(b *testing.B) {
+	for _, sh := range []struct{ size, tags int }{{50, 0}, {50, 1}, {50, 3}, {1, 0}, {1, 1}, {1, 3}} {
+		size, tags := sh.size, sh.tags
+		b.Run(fmt.Sprintf("batch=%d/tags=%d", size, tags), func(b *testing.B) {
 			c, err := pgx.Connect(ctx, url)
 			if err != nil {
 				b.Fatal(err)
@@ -34,7 +37,7 @@ func BenchmarkAcceptEventsCPU(b *testing.B) {
 			if err := c.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
 				b.Fatal(err)
 			}
-			evs := presign(b, b.N)
+			evs := presignTagged(b, b.N, tags)
 			var batches []string
 			for i := 0; i < len(evs); i += size {
 				arr, _ := json.Marshal(evs[i:min(i+size, len(evs))])
@@ -76,4 +79,18 @@ func backendCPU(b *testing.B, pid int) time.Duration {
 	ut, _ := strconv.Atoi(f[11])
 	st, _ := strconv.Atoi(f[12])
 	return time.Duration(ut+st) * 10 * time.Millisecond
+}
+
+// presignTagged is presign with n tags per event: none, a t tag, or a t, a p and an e tag.
+func presignTagged(b *testing.B, n, tags int) []*nostr.Event {
+	users := make([]testenv.User, 16)
+	for i := range users {
+		users[i] = testenv.NewUser()
+	}
+	all := nostr.Tags{{"t", "bench"}, {"p", users[0].PK}, {"e", strings.Repeat("ab", 32)}}
+	evs := make([]*nostr.Event, n)
+	for i := range evs {
+		evs[i] = users[i%len(users)].Event(b, 1, all[:tags], fmt.Sprintf("bench %d", i))
+	}
+	return evs
 }

@@ -13,7 +13,8 @@ const StatisticsEvery = 2 * time.Second
 
 // RefreshStatistics calls buzz.refresh_statistics (sql/0007_upkeep.up.sql) every interval until ctx ends, so
 // that REQ plans right after a bulk load use the indexes, not a sort of the whole table: a table
-// that grew from empty has no statistics until autovacuum gets to it. A failed call is logged and
+// that grew from empty (buzz.events, buzz.event_tags which #x filters walk, buzz.members) has no
+// statistics until autovacuum gets to it. A failed call is logged and
 // tried again at the next tick; it never stops the process.
 func RefreshStatistics(ctx context.Context, pool *pgxpool.Pool, interval time.Duration, log *slog.Logger) error {
 	t := time.NewTicker(interval)

@@ -111,6 +111,7 @@ func TestOperatorRoleOnlyReadsAndOperates(t *testing.T) {
 		`SELECT count(*) FROM buzz.config`, `SELECT count(*) FROM buzz.visibility_state`,
 		`SELECT count(*) FROM buzz.visibility_outbox`, `SELECT count(*) FROM buzz.visibility_retired`,
 		`SELECT count(*) FROM buzz.reminders`, `SELECT count(*) FROM buzz.instances`, `SELECT count(*) FROM buzz.deleted_ids`,
+		`SELECT count(*) FROM buzz.event_tags`,
 		`SELECT * FROM buzz.visibility_lag()`, `SELECT * FROM buzz.visibility_lag_detail()`,
 		`SELECT * FROM buzz.reminder_status()`, `SELECT * FROM buzz.fanout_status()`, `SELECT * FROM buzz.next_reminder_wakeup()`,
 		`SELECT * FROM buzz.visibility_source('` + b.PK + `')`, `SELECT buzz.cfg('relay_pubkey')`,
