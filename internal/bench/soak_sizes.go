@@ -98,8 +98,10 @@ func (s *soak) check() error {
 		a, b = a+first.total[t], b+last.total[t]
 		g := growth(first.total[t], last.total[t])
 		s.res.Extra["growth_"+t] = g
-		s.res.Notes = append(s.res.Notes, fmt.Sprintf("%s: %d kB at %.0f min -> %d kB at %.0f min (%+.1f%%)",
-			t, first.total[t]>>10, first.at.Minutes(), last.total[t]>>10, last.at.Minutes(), 100*g))
+		lo, hi, slope := s.trend(t)
+		s.res.Extra["slope_kB_per_min_"+t] = slope
+		s.res.Notes = append(s.res.Notes, fmt.Sprintf("%s: %d kB at %.0f min -> %d kB at %.0f min (%+.1f%%); after the warm-up %d-%d kB, slope %+.1f kB/min",
+			t, first.total[t]>>10, first.at.Minutes(), last.total[t]>>10, last.at.Minutes(), 100*g, lo>>10, hi>>10, slope))
 		// A table of a few pages gains its free space map and visibility map (32 kB) at its first
 		// vacuum: allow 64 kB besides the 10%.
 		if last.total[t]-first.total[t] > first.total[t]/10+64<<10 {
@@ -126,6 +128,29 @@ func (s *soak) check() error {
 	}
 	s.res.Notes = append(s.res.Notes, "soak bar met")
 	return nil
+}
+
+// trend is a table's smallest and largest size from the warm-up on, and the least-squares slope
+// of its size over those samples in kB per minute: a table whose size saws up and down with its
+// vacuums shows a wide range and a flat slope, a table that grows a steady slope.
+func (s *soak) trend(t string) (lo, hi int64, slope float64) {
+	var n, sx, sy, sxx, sxy float64
+	lo = -1
+	for _, sm := range s.samples {
+		if sm.at < s.warmup()-time.Second || sm.err != nil {
+			continue
+		}
+		x, y := sm.at.Minutes(), float64(sm.total[t])/1024
+		n, sx, sy, sxx, sxy = n+1, sx+x, sy+y, sxx+x*x, sxy+x*y
+		if lo < 0 || sm.total[t] < lo {
+			lo = sm.total[t]
+		}
+		hi = max(hi, sm.total[t])
+	}
+	if d := n*sxx - sx*sx; n >= 2 && d > 0 {
+		slope = (n*sxy - sx*sy) / d
+	}
+	return max(lo, 0), hi, slope
 }
 
 // atWarmup is the first sample taken at or after the warm-up.
