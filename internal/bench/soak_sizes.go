@@ -22,12 +22,14 @@ type soakSample struct {
 	wal     int64 // the most WAL one slot of this database retains
 	expired int64 // events past expiration by more than grace + one purge interval
 	events  int64
+	sent    int64 // events the traffic had published by then
 	err     error
 }
 
 func (s *soak) sample(at time.Duration) soakSample {
 	sm := soakSample{at: at, total: map[string]int64{}, heap: map[string]int64{}, indexes: map[string][]string{},
 		upd: map[string]int64{}, hot: map[string]int64{}}
+	sm.sent = s.sent.Load()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, t := range soakTables {
@@ -77,8 +79,12 @@ func (s *soak) printSample(sm soakSample) {
 		fmt.Fprintf(os.Stdout, "%5.1f %-18s %9d %9d %9d %5.1f  %s\n", sm.at.Minutes(), t, sm.total[t]>>10, sm.heap[t]>>10,
 			sm.upd[t], 100*ratio(float64(sm.hot[t]), float64(sm.upd[t])), strings.Join(sm.indexes[t], " "))
 	}
-	fmt.Fprintf(os.Stdout, "%5.1f slot WAL retained %d kB; events %d, expired past grace+interval %d\n",
-		sm.at.Minutes(), sm.wal>>10, sm.events, sm.expired)
+	var before int64
+	if n := len(s.samples); n >= 2 {
+		before = s.samples[n-2].sent
+	}
+	fmt.Fprintf(os.Stdout, "%5.1f slot WAL retained %d kB; events %d, expired past grace+interval %d; sent %d since the last sample\n",
+		sm.at.Minutes(), sm.wal>>10, sm.events, sm.expired, sm.sent-before)
 }
 
 // warmup is a third of the run, at most five minutes (the bar is minute 5 to minute 20).
