@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -50,12 +51,20 @@ func Soak(cfg *Config) (*Result, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration)
 	defer cancel()
 	done := make(chan Row, 1)
-	go func() { done <- s.traffic(ctx, cs) }()
+	go func() {
+		row := s.traffic(ctx, cs)
+		cancel() // at the deadline, or early once every connection has closed: an idle database proves nothing
+		done <- row
+	}()
 	s.sampleEveryMinute(ctx)
 	row := <-done
 	row.Name, row.Conns = "soak traffic (all kinds)", cfg.Conns
 	s.res.Rows = append(s.res.Rows, row)
-	if err := s.check(); err != nil {
+	err = s.check()
+	if lost := s.lost.Load(); lost > 0 {
+		err = errors.Join(err, fmt.Errorf("soak: %d of %d connections closed before the end (are the relays still up?)", lost, len(cs)))
+	}
+	if err != nil {
 		s.res.Print(os.Stdout) // the load tool prints only the results of scenarios that pass
 		return s.res, err
 	}
@@ -79,6 +88,7 @@ type soak struct {
 	mu      sync.Mutex
 	step    int
 	sent    atomic.Int64 // events published (OK or not)
+	lost    atomic.Int64 // connections that closed before the end
 }
 
 // next is the event the traffic sends at step k: 70% DM (a cycle of hides, resurfacing and plain
@@ -142,6 +152,7 @@ func (s *soak) traffic(ctx context.Context, cs []*wsclient.Client) Row {
 				lat, msg, more := publishJob(cs[w:w+1], [][]*nostr.Event{{ev}})(0, 0)
 				if !more {
 					errs.Add(msg)
+					s.lost.Add(1)
 					return
 				}
 				s.sent.Add(1)
