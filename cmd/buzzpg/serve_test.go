@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/buzzpg/buzzpg/listener/upkeep"
 )
 
 func TestDefaultRelayURL(t *testing.T) {
@@ -92,6 +94,8 @@ func TestServeEnvironmentIsParsedStrictly(t *testing.T) {
 		{"BUZZ_UPKEEP_BATCH", "0"},
 		{"BUZZ_UPKEEP_BATCH", "10001"},
 		{"BUZZ_UPKEEP_GRACE", "-1s"},
+		{"BUZZ_UPKEEP_PAUSE", "-1ms"},
+		{"BUZZ_UPKEEP_PAUSE", "61s"},
 		{"BUZZ_UPKEEP_REMINDER_KEEP", "soon"},
 		{"BUZZ_UPKEEP_REMINDER_KEEP", "876001h"}, // past ten years
 	} {
@@ -113,6 +117,18 @@ func TestServeEnvironmentIsParsedStrictly(t *testing.T) {
 	t.Setenv("BUZZ_RESULT_IP_SHARE_MB", "16")
 	if c, err := parseServeConfig(nil); err != nil || c.Lease != time.Hour || c.ReminderLease != time.Hour || c.ReminderBatch != 100000 || c.ResultIPShareMB != 16 {
 		t.Fatalf("leases of 1h and a batch of 100000: %v (%s, %s, %d)", err, c.Lease, c.ReminderLease, c.ReminderBatch)
+	}
+}
+
+// BUZZ_UPKEEP_PAUSE defaults to upkeep.DefaultPause, and 0 (no pause) stays 0 rather than
+// falling back to the default.
+func TestUpkeepPauseSetting(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://localhost/x")
+	for val, want := range map[string]time.Duration{"": upkeep.DefaultPause, "0": 0, "0s": 0, "250ms": 250 * time.Millisecond, "1m": time.Minute} {
+		t.Setenv("BUZZ_UPKEEP_PAUSE", val)
+		if c, err := parseServeConfig(nil); err != nil || c.UpkeepPause != want {
+			t.Errorf("BUZZ_UPKEEP_PAUSE=%q: pause %s, err %v; want %s", val, c.UpkeepPause, err, want)
+		}
 	}
 }
 

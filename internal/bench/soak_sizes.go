@@ -22,12 +22,14 @@ type soakSample struct {
 	wal     int64 // the most WAL one slot of this database retains
 	expired int64 // events past expiration by more than grace + one purge interval
 	events  int64
+	sent    int64 // events the traffic had published by then
 	err     error
 }
 
 func (s *soak) sample(at time.Duration) soakSample {
 	sm := soakSample{at: at, total: map[string]int64{}, heap: map[string]int64{}, indexes: map[string][]string{},
 		upd: map[string]int64{}, hot: map[string]int64{}}
+	sm.sent = s.sent.Load()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, t := range soakTables {
@@ -77,8 +79,12 @@ func (s *soak) printSample(sm soakSample) {
 		fmt.Fprintf(os.Stdout, "%5.1f %-18s %9d %9d %9d %5.1f  %s\n", sm.at.Minutes(), t, sm.total[t]>>10, sm.heap[t]>>10,
 			sm.upd[t], 100*ratio(float64(sm.hot[t]), float64(sm.upd[t])), strings.Join(sm.indexes[t], " "))
 	}
-	fmt.Fprintf(os.Stdout, "%5.1f slot WAL retained %d kB; events %d, expired past grace+interval %d\n",
-		sm.at.Minutes(), sm.wal>>10, sm.events, sm.expired)
+	var before int64
+	if n := len(s.samples); n >= 2 {
+		before = s.samples[n-2].sent
+	}
+	fmt.Fprintf(os.Stdout, "%5.1f slot WAL retained %d kB; events %d, expired past grace+interval %d; sent %d since the last sample\n",
+		sm.at.Minutes(), sm.wal>>10, sm.events, sm.expired, sm.sent-before)
 }
 
 // warmup is a third of the run, at most five minutes (the bar is minute 5 to minute 20).
@@ -98,8 +104,10 @@ func (s *soak) check() error {
 		a, b = a+first.total[t], b+last.total[t]
 		g := growth(first.total[t], last.total[t])
 		s.res.Extra["growth_"+t] = g
-		s.res.Notes = append(s.res.Notes, fmt.Sprintf("%s: %d kB at %.0f min -> %d kB at %.0f min (%+.1f%%)",
-			t, first.total[t]>>10, first.at.Minutes(), last.total[t]>>10, last.at.Minutes(), 100*g))
+		lo, hi, slope := s.trend(t)
+		s.res.Extra["slope_kB_per_min_"+t] = slope
+		s.res.Notes = append(s.res.Notes, fmt.Sprintf("%s: %d kB at %.0f min -> %d kB at %.0f min (%+.1f%%); after the warm-up %d-%d kB, slope %+.1f kB/min",
+			t, first.total[t]>>10, first.at.Minutes(), last.total[t]>>10, last.at.Minutes(), 100*g, lo>>10, hi>>10, slope))
 		// A table of a few pages gains its free space map and visibility map (32 kB) at its first
 		// vacuum: allow 64 kB besides the 10%.
 		if last.total[t]-first.total[t] > first.total[t]/10+64<<10 {
@@ -126,6 +134,29 @@ func (s *soak) check() error {
 	}
 	s.res.Notes = append(s.res.Notes, "soak bar met")
 	return nil
+}
+
+// trend is a table's smallest and largest size from the warm-up on, and the least-squares slope
+// of its size over those samples in kB per minute: a table whose size saws up and down with its
+// vacuums shows a wide range and a flat slope, a table that grows a steady slope.
+func (s *soak) trend(t string) (lo, hi int64, slope float64) {
+	var n, sx, sy, sxx, sxy float64
+	lo = -1
+	for _, sm := range s.samples {
+		if sm.at < s.warmup()-time.Second || sm.err != nil {
+			continue
+		}
+		x, y := sm.at.Minutes(), float64(sm.total[t])/1024
+		n, sx, sy, sxx, sxy = n+1, sx+x, sy+y, sxx+x*x, sxy+x*y
+		if lo < 0 || sm.total[t] < lo {
+			lo = sm.total[t]
+		}
+		hi = max(hi, sm.total[t])
+	}
+	if d := n*sxx - sx*sx; n >= 2 && d > 0 {
+		slope = (n*sxy - sx*sy) / d
+	}
+	return max(lo, 0), hi, slope
 }
 
 // atWarmup is the first sample taken at or after the warm-up.

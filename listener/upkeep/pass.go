@@ -128,10 +128,10 @@ func (u *Upkeep) pause(ctx context.Context) {
 	if u.cfg.Pause <= 0 {
 		return
 	}
-	t := time.NewTimer(u.cfg.Pause)
-	defer t.Stop()
+	fired, stop := u.newTimer(u.cfg.Pause)
+	defer stop()
 	select {
 	case <-ctx.Done():
-	case <-t.C:
+	case <-fired:
 	}
 }

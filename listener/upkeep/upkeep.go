@@ -45,6 +45,8 @@ type Upkeep struct {
 	cfg  Config
 	log  *slog.Logger
 	conn *pgx.Conn // nil until connected, and after an error (which gives the lock up)
+	// newTimer starts the pause between batches; tests replace it to release the pause themselves.
+	newTimer func(d time.Duration) (fired <-chan time.Time, stop func() bool)
 }
 
 // New applies defaults to Interval and Batch; Pause, Grace and ReminderKeep are used as given.
@@ -59,7 +61,12 @@ func New(cfg Config) *Upkeep {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Upkeep{cfg: cfg, log: log.With("component", "upkeep")}
+	return &Upkeep{cfg: cfg, log: log.With("component", "upkeep"), newTimer: realTimer}
+}
+
+func realTimer(d time.Duration) (<-chan time.Time, func() bool) {
+	t := time.NewTimer(d)
+	return t.C, t.Stop
 }
 
 // Run makes a pass every Interval until ctx ends. Errors are logged and counted, never fatal:
