@@ -25,6 +25,12 @@ type PoolOption func(*pgxpool.Config)
 // function or operator it calls. It overrides one set on the role or in the URL.
 const SearchPath = "pg_catalog, buzz, pg_temp"
 
+// Serial turns parallel query off for a pool's sessions. A REQ or COUNT is a short walk cut by
+// its limit: starting workers costs more than they save, and a relay runs many at once anyway.
+func Serial(cfg *pgxpool.Config) {
+	cfg.ConnConfig.RuntimeParams["max_parallel_workers_per_gather"] = "0"
+}
+
 // NewPool opens a pool whose connections carry appName (e.g. "buzzpg-accept:<instance>") and
 // SearchPath.
 func NewPool(ctx context.Context, url, appName string, maxConns int32, opts ...PoolOption) (*pgxpool.Pool, error) {
