@@ -3,7 +3,6 @@ package relay
 import (
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -114,17 +113,7 @@ func TestInboxOverflowClosesTheSlowMatcher(t *testing.T) {
 		}
 	}
 	sc.deliverMu.Unlock()
-	select {
-	case cc := <-tr.closed:
-		if cc.c != sc || cc.reason != "send queue overflow" {
-			t.Fatalf("closed conn %d (%q), want the stuck one for its inbox", cc.c.id, cc.reason)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the stuck connection was not closed")
-	}
-	if n := testutil.ToFloat64(metrics.SlowClientsClosed.WithLabelValues("inbox")) - before; n != 1 {
-		t.Fatalf("inbox closes counted %v, want 1", n)
-	}
+	tr.expectInboxClose(t, sc, "the stuck one", before)
 	tr.s.ipInbox.mu.Lock()
 	left := tr.s.ipInbox.n["127.0.0.12"]
 	tr.s.ipInbox.mu.Unlock()

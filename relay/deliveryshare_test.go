@@ -160,15 +160,5 @@ func TestDeliveryBudgetOverflowClosesTheClient(t *testing.T) {
 			break
 		}
 	}
-	select {
-	case cc := <-tr.closed:
-		if cc.c != hc || cc.reason != "send queue overflow" {
-			t.Fatalf("closed conn %d (%q), want the one over its budget", cc.c.id, cc.reason)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the connection over its budget was not closed")
-	}
-	if n := testutil.ToFloat64(metrics.SlowClientsClosed.WithLabelValues("inbox")) - before; n != 1 {
-		t.Fatalf("inbox closes counted %v, want 1", n)
-	}
+	tr.expectInboxClose(t, hc, "the one over its budget", before)
 }

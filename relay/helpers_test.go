@@ -16,9 +16,11 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nbd-wtf/go-nostr"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/buzzpg/buzzpg/internal/db"
 	"github.com/buzzpg/buzzpg/internal/evt"
+	"github.com/buzzpg/buzzpg/internal/metrics"
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
@@ -439,5 +441,22 @@ func publicDelivery(ev *nostr.Event) evt.Delivery {
 func (s *Server) drainInboxes() {
 	for _, c := range s.snapshotConns() {
 		c.drainInbox(nil)
+	}
+}
+
+// expectInboxClose waits for c (described as who) to be closed for its overflowing inbox, the one
+// close counted since before (SlowClientsClosed{inbox}).
+func (tr *testRelay) expectInboxClose(t *testing.T, c *conn, who string, before float64) {
+	t.Helper()
+	select {
+	case cc := <-tr.closed:
+		if cc.c != c || cc.reason != "send queue overflow" {
+			t.Fatalf("closed conn %d (%q), want %s for its inbox", cc.c.id, cc.reason, who)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s was not closed", who)
+	}
+	if n := testutil.ToFloat64(metrics.SlowClientsClosed.WithLabelValues("inbox")) - before; n != 1 {
+		t.Fatalf("inbox closes counted %v, want 1", n)
 	}
 }
