@@ -63,16 +63,23 @@ func takeAll(r *recentStored, sub *subscription, now time.Time) []evt.Delivery {
 	return r.take(sub, now).unseen(seesNothing, sub)
 }
 
-// A REQ gets the kept entries of its registration, whatever the ring drops while its query runs,
-// and of them only those its snapshot did not see and its filters match: the rows answered the
-// others.
-func TestRecentTakenUnseen(t *testing.T) {
+// kind1Subscription is a REQ for kind 1 (limit 10), closed when the test ends.
+func kind1Subscription(t *testing.T) *subscription {
+	t.Helper()
 	cf, err := compileFilter(nostr.Filter{Kinds: []int{1}, Limit: 10}, filterLimits{maxLimit: 10, defaultLimit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
 	sub := newSubscription(context.Background(), "k1", []*compiledFilter{cf})
-	defer sub.close()
+	t.Cleanup(sub.close)
+	return sub
+}
+
+// A REQ gets the kept entries of its registration, whatever the ring drops while its query runs,
+// and of them only those its snapshot did not see and its filters match: the rows answered the
+// others.
+func TestRecentTakenUnseen(t *testing.T) {
+	sub := kind1Subscription(t)
 	now := time.Now()
 	var r recentStored
 	for i := 1; i <= 6; i++ { // xids 101..106; kind 2 for 103
@@ -102,12 +109,7 @@ func TestRecentTakenUnseen(t *testing.T) {
 
 // take drops what aged out, even when no event came since: a REQ after a burst copies nothing.
 func TestRecentTakeDropsAged(t *testing.T) {
-	cf, err := compileFilter(nostr.Filter{Kinds: []int{1}, Limit: 10}, filterLimits{maxLimit: 10, defaultLimit: 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sub := newSubscription(context.Background(), "k1", []*compiledFilter{cf})
-	defer sub.close()
+	sub := kind1Subscription(t)
 	now := time.Now()
 	var r recentStored
 	for i := 0; i < 100; i++ {
