@@ -3,8 +3,6 @@
 package relay
 
 import (
-	"encoding/hex"
-
 	"github.com/btcsuite/btcd/btcec/v2/schnorr"
 	"github.com/nbd-wtf/go-nostr"
 )
@@ -13,25 +11,15 @@ import (
 // (builds with libsecp256k1 use signature_secp.go, several times faster). As there, the caller has
 // checked that the id hashes the event.
 func verifySignature(ev *nostr.Event) bool {
-	msg, err := hex.DecodeString(ev.ID)
-	if err != nil || len(msg) != 32 {
+	var msg, key [32]byte
+	var sb [64]byte
+	if !hexInto(msg[:], ev.ID) || !hexInto(key[:], ev.PubKey) || !hexInto(sb[:], ev.Sig) {
 		return false
 	}
-	raw, err := hex.DecodeString(ev.PubKey)
+	pk, err := schnorr.ParsePubKey(key[:])
 	if err != nil {
 		return false
 	}
-	pk, err := schnorr.ParsePubKey(raw)
-	if err != nil {
-		return false
-	}
-	sb, err := hex.DecodeString(ev.Sig)
-	if err != nil {
-		return false
-	}
-	sig, err := schnorr.ParseSignature(sb)
-	if err != nil {
-		return false
-	}
-	return sig.Verify(msg, pk)
+	sig, err := schnorr.ParseSignature(sb[:])
+	return err == nil && sig.Verify(msg[:], pk)
 }

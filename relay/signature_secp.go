@@ -11,7 +11,6 @@ package relay
 import "C"
 
 import (
-	"encoding/hex"
 	"sync"
 	"unsafe"
 
@@ -37,10 +36,7 @@ const maxParsedKeys = 8192
 func verifySignature(ev *nostr.Event) bool {
 	var msg [32]byte
 	var sig [64]byte
-	if _, err := hex.Decode(msg[:], []byte(ev.ID)); err != nil {
-		return false
-	}
-	if _, err := hex.Decode(sig[:], []byte(ev.Sig)); err != nil {
+	if !hexInto(msg[:], ev.ID) || !hexInto(sig[:], ev.Sig) {
 		return false
 	}
 	pk, ok := parsedKey(ev.PubKey)
@@ -60,7 +56,7 @@ func parsedKey(pubkey string) (C.secp256k1_xonly_pubkey, bool) {
 		return pk, true
 	}
 	var raw [32]byte
-	if _, err := hex.Decode(raw[:], []byte(pubkey)); err != nil {
+	if !hexInto(raw[:], pubkey) {
 		return pk, false
 	}
 	if C.secp256k1_xonly_pubkey_parse(verifyCtx, &pk, (*C.uchar)(unsafe.Pointer(&raw[0]))) != 1 {

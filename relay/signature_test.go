@@ -38,6 +38,8 @@ func TestVerifySignature(t *testing.T) {
 		"another author's key": func(ev *nostr.Event) { ev.PubKey = b.PubKey },
 		"key not on the curve": func(ev *nostr.Event) { ev.PubKey = strings.Repeat("f", 64) },
 		"sig not hex":          func(ev *nostr.Event) { ev.Sig = strings.Repeat("z", 128) },
+		"sig too long":         func(ev *nostr.Event) { ev.Sig += "00" },
+		"key too short":        func(ev *nostr.Event) { ev.PubKey = ev.PubKey[:62] },
 	}
 	for name, change := range cases {
 		ev := *a

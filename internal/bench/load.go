@@ -98,9 +98,7 @@ type job func(w, k int) (lat time.Duration, msg string, more bool)
 // runWorkers runs perWorker[w] jobs on each worker, closed loop; with rate > 0 the workers are
 // paced so the total stays at rate. It stops at dur. Returns the row (without name/conns).
 func runWorkers(perWorker []int, rate float64, dur time.Duration, do job) Row {
-	var lats Latencies
-	var errs Errors
-	var done atomic.Int64
+	var t tally
 	start := time.Now()
 	deadline := start.Add(dur)
 	var wg sync.WaitGroup
@@ -127,19 +125,12 @@ func runWorkers(perWorker []int, rate float64, dur time.Duration, do job) Row {
 				if !more {
 					return
 				}
-				done.Add(1)
-				if msg != "" {
-					errs.Add(msg)
-				}
-				lats.Add(lat)
+				t.add(lat, msg)
 			}
 		}(w)
 	}
 	wg.Wait()
-	el := time.Since(start)
-	n := int(done.Load())
-	return Row{Count: n, Seconds: el.Seconds(), Rate: float64(n) / el.Seconds(), Target: rate,
-		Latency: lats.Summary(), Errors: errs.Map()}
+	return t.row(start, rate)
 }
 
 // dialAll opens n connections round-robin over the relays, authenticating connection i as

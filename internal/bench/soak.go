@@ -87,7 +87,7 @@ type soak struct {
 	samples []soakSample
 	mu      sync.Mutex
 	step    int
-	sent    atomic.Int64 // events published (OK or not)
+	sent    tally        // events published (OK or not)
 	lost    atomic.Int64 // connections that closed before the end
 }
 
@@ -128,8 +128,6 @@ func (s *soak) next(k int) *nostr.Event {
 // 3,000 events followed a minute of 8,000, which doubled the live reminder set; tables then keep
 // the space that peak needed.)
 func (s *soak) traffic(ctx context.Context, cs []*wsclient.Client) Row {
-	var lats Latencies
-	var errs Errors
 	start := time.Now()
 	every := time.Duration(float64(len(cs)) / s.cfg.Rate * float64(time.Second))
 	var wg sync.WaitGroup
@@ -151,23 +149,16 @@ func (s *soak) traffic(ctx context.Context, cs []*wsclient.Client) Row {
 				s.mu.Unlock()
 				lat, msg, more := publishJob(cs[w:w+1], [][]*nostr.Event{{ev}})(0, 0)
 				if !more {
-					errs.Add(msg)
+					s.sent.errs.Add(msg)
 					s.lost.Add(1)
 					return
 				}
-				s.sent.Add(1)
-				if msg != "" {
-					errs.Add(msg)
-				}
-				lats.Add(lat)
+				s.sent.add(lat, msg)
 			}
 		}(w)
 	}
 	wg.Wait()
-	el := time.Since(start)
-	n := int(s.sent.Load())
-	return Row{Count: n, Seconds: el.Seconds(), Rate: float64(n) / el.Seconds(), Target: s.cfg.Rate,
-		Latency: lats.Summary(), Errors: errs.Map()}
+	return s.sent.row(start, s.cfg.Rate)
 }
 
 // sampleEveryMinute takes a sample at every whole minute of the run, and one at its end.

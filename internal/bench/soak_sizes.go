@@ -29,7 +29,7 @@ type soakSample struct {
 func (s *soak) sample(at time.Duration) soakSample {
 	sm := soakSample{at: at, total: map[string]int64{}, heap: map[string]int64{}, indexes: map[string][]string{},
 		upd: map[string]int64{}, hot: map[string]int64{}}
-	sm.sent = s.sent.Load()
+	sm.sent = s.sent.done.Load()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, t := range soakTables {

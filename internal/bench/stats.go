@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -173,4 +174,28 @@ func WriteJSON(path string, results []*Result) error {
 		return err
 	}
 	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// tally collects what timed jobs did, from any number of workers, into a Row.
+type tally struct {
+	lats Latencies
+	errs Errors
+	done atomic.Int64 // jobs that ran, with or without an error message
+}
+
+// add records one job that ran: its latency, and its error message unless "".
+func (t *tally) add(lat time.Duration, msg string) {
+	t.done.Add(1)
+	if msg != "" {
+		t.errs.Add(msg)
+	}
+	t.lats.Add(lat)
+}
+
+// row is what the jobs did since start, against the target rate (0: none).
+func (t *tally) row(start time.Time, target float64) Row {
+	el := time.Since(start)
+	n := int(t.done.Load())
+	return Row{Count: n, Seconds: el.Seconds(), Rate: float64(n) / el.Seconds(), Target: target,
+		Latency: t.lats.Summary(), Errors: t.errs.Map()}
 }
