@@ -115,7 +115,7 @@ func TestInboxOverflowClosesTheSlowMatcher(t *testing.T) {
 	sc.deliverMu.Unlock()
 	tr.expectInboxClose(t, sc, "the stuck one", before)
 	tr.s.ipInbox.mu.Lock()
-	left := tr.s.ipInbox.n["127.0.0.12"]
+	left := tr.s.ipInbox.held["127.0.0.12"]
 	tr.s.ipInbox.mu.Unlock()
 	if left != 0 {
 		t.Fatalf("127.0.0.12 still holds %d inbox entries after its connection ended", left)

@@ -59,73 +59,12 @@ func (q *ipQueries) unref(ip string, s *ipSem) {
 	q.mu.Unlock()
 }
 
-// ipBytes bounds the bytes of a shared budget each client (limitKey) holds across its connections:
-// the per-connection share alone let eight slow readers of one client hold the whole initial-result
-// budget, and every other client's REQ was then refused busy. An entry goes when it drops to zero,
-// so the map holds only clients with bytes outstanding.
-type ipBytes struct {
-	mu    sync.Mutex
-	limit int64
-	held  map[string]int64
-}
+// ipBytes (a perClient) bounds the bytes of a shared budget each client holds across its
+// connections: the per-connection share alone let eight slow readers of one client hold the whole
+// initial-result budget, and every other client's REQ was then refused busy.
 
-func newIPBytes(limit int64) *ipBytes {
-	return &ipBytes{limit: limit, held: map[string]int64{}}
-}
-
-func (b *ipBytes) take(ip string, n int64) bool {
-	if n == 0 {
-		return true // no entry for nothing: release(0) would never remove it
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.held[ip]+n > b.limit {
-		return false
-	}
-	b.held[ip] += n
-	return true
-}
-
-func (b *ipBytes) release(ip string, n int64) {
-	if n == 0 {
-		return
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if left := b.held[ip] - n; left > 0 {
-		b.held[ip] = left
-	} else {
-		delete(b.held, ip)
-	}
-}
-
-// ipSlots bounds how many of something (live subscriptions) one client (limitKey) holds across
+// ipSlots (a perClient) bounds how many of something (live subscriptions) one client (limitKey) holds across
 // its connections. Each connection bounds its own subscriptions (MaxSubscriptions), but a client
 // may open MaxConnsPerIP connections, and every subscription keeps a de-duplication window of up
 // to 1,024 ids (about 51 KiB once full, which events the client publishes itself can fill): 32,000
 // of them from one address would be 1.6 GiB.
-type ipSlots struct {
-	mu    sync.Mutex
-	limit int
-	held  map[string]int
-}
-
-func newIPSlots(limit int) *ipSlots { return &ipSlots{limit: limit, held: map[string]int{}} }
-
-func (s *ipSlots) take(ip string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.held[ip] >= s.limit {
-		return false
-	}
-	s.held[ip]++
-	return true
-}
-
-func (s *ipSlots) give(ip string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.held[ip]--; s.held[ip] <= 0 {
-		delete(s.held, ip)
-	}
-}

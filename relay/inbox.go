@@ -46,7 +46,7 @@ func (b *inbox) put(it inboxItem, limit int, ip *ipCounts, key string) string {
 	case len(b.items) >= limit:
 		b.mu.Unlock()
 		return "inbox"
-	case !ip.add(key, len(b.items) == 0):
+	case !ip.take(key, 1, len(b.items) == 0):
 		b.mu.Unlock()
 		return "ip_inbox"
 	}
@@ -72,7 +72,7 @@ func (b *inbox) next(ip *ipCounts, key string) []inboxItem {
 	items := b.items
 	b.items = nil
 	b.mu.Unlock()
-	ip.sub(key, len(items))
+	ip.give(key, len(items))
 	metrics.DeliveryInbox.Sub(float64(len(items)))
 	return items
 }
@@ -91,7 +91,7 @@ func (b *inbox) pop(ip *ipCounts, key string) (inboxItem, bool) {
 		b.items = nil // the backing array goes too
 	}
 	b.mu.Unlock()
-	ip.sub(key, 1)
+	ip.give(key, 1)
 	metrics.DeliveryInbox.Dec()
 	return it, true
 }
@@ -197,33 +197,4 @@ func (c *conn) dropSnapshots() {
 	}
 }
 
-// ipCounts counts the entries each client (limitKey) holds in its connections' inboxes.
-type ipCounts struct {
-	mu    sync.Mutex
-	limit int
-	n     map[string]int
-}
-
-func newIPCounts(limit int) *ipCounts { return &ipCounts{limit: limit, n: map[string]int{}} }
-
-// add counts one more entry for key, unless key holds limit already and force is false.
-func (c *ipCounts) add(key string, force bool) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !force && c.n[key] >= c.limit {
-		return false
-	}
-	c.n[key]++
-	return true
-}
-
-func (c *ipCounts) sub(key string, k int) {
-	if k == 0 {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.n[key] -= k; c.n[key] <= 0 {
-		delete(c.n, key)
-	}
-}
+// ipCounts (a perClient) counts the entries each client holds in its connections' inboxes.

@@ -15,12 +15,12 @@ func (c *conn) takeInitial(n int64) string {
 		c.initialHeld.Add(-n)
 		return "connection"
 	}
-	if !c.s.ipInitial.take(c.ip, n) {
+	if !c.s.ipInitial.take(c.ip, n, false) {
 		c.initialHeld.Add(-n)
 		return "ip"
 	}
 	if !c.s.initial.take(n) {
-		c.s.ipInitial.release(c.ip, n)
+		c.s.ipInitial.give(c.ip, n)
 		c.initialHeld.Add(-n)
 		return "budget"
 	}
@@ -30,7 +30,7 @@ func (c *conn) takeInitial(n int64) string {
 // releaseInitial gives back n bytes taken by takeInitial, to every bound that gave them.
 func (c *conn) releaseInitial(n int64) {
 	c.initialHeld.Add(-n)
-	c.s.ipInitial.release(c.ip, n)
+	c.s.ipInitial.give(c.ip, n)
 	c.s.initial.release(n)
 }
 

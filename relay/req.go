@@ -68,11 +68,11 @@ func (c *conn) register(sub *subscription) bool {
 	if held > maxConnFilterValues {
 		return refuse("filter_values", fmt.Sprintf("restricted: too many filter values across this connection's subscriptions (max %d); close some first", maxConnFilterValues))
 	}
-	if !c.s.ipSubs.take(c.ip) {
+	if !c.s.ipSubs.take(c.ip, 1, false) {
 		return refuse("ip", fmt.Sprintf("restricted: too many subscriptions from your address across its connections (max %d); close some first", c.s.cfg.MaxSubscriptionsPerIP))
 	}
-	if !c.s.allSubs.take("") {
-		c.s.ipSubs.give(c.ip)
+	if !c.s.allSubs.take("", 1, false) {
+		c.s.ipSubs.give(c.ip, 1)
 		return refuse("process", fmt.Sprintf("restricted: the relay holds as many subscriptions as it may (max %d); try again later", c.s.cfg.MaxSubscriptionsTotal))
 	}
 	sub.mu.Lock()

@@ -136,12 +136,12 @@ func New(cfg Config, acceptPool, queryPool *pgxpool.Pool) (*Server, error) {
 		s.relayPubkey = pk
 	}
 	s.initial.limit = cfg.InitialResultBudget
-	s.ipInitial = newIPBytes(cfg.InitialResultPerIP)
+	s.ipInitial = newPerClient[int64](cfg.InitialResultPerIP)
 	s.sends = newSendBudget(cfg.SendBudget, cfg.SendClientShare)
-	s.ipSubs = newIPSlots(cfg.MaxSubscriptionsPerIP)
-	s.allSubs = newIPSlots(cfg.MaxSubscriptionsTotal)
+	s.ipSubs = newPerClient(cfg.MaxSubscriptionsPerIP)
+	s.allSubs = newPerClient(cfg.MaxSubscriptionsTotal)
 	s.dedup = newDedupBudget(cfg.DedupBytes)
-	s.ipInbox = newIPCounts(cfg.InboxEventsPerIP)
+	s.ipInbox = newPerClient(cfg.InboxEventsPerIP)
 	s.shares = newDeliveryShares(cfg.DeliveryRatePerIP, cfg.DeliveryBurstPerIP, deliverySlots())
 	metrics.SetSendQueued(s.sends.total.Load)
 	if cfg.MaxQueriesPerIP <= 0 {

@@ -146,10 +146,10 @@ func (s *subscription) close() {
 		counted.change(c, s, -1)
 	}
 	if slot != nil {
-		slot.give(key)
+		slot.give(key, 1)
 	}
 	if all != nil {
-		all.give("")
+		all.give("", 1)
 	}
 	s.cancel()
 	if !was {
