@@ -58,13 +58,3 @@ func (q *ipQueries) unref(ip string, s *ipSem) {
 	}
 	q.mu.Unlock()
 }
-
-// ipBytes (a perClient) bounds the bytes of a shared budget each client holds across its
-// connections: the per-connection share alone let eight slow readers of one client hold the whole
-// initial-result budget, and every other client's REQ was then refused busy.
-
-// ipSlots (a perClient) bounds how many of something (live subscriptions) one client (limitKey) holds across
-// its connections. Each connection bounds its own subscriptions (MaxSubscriptions), but a client
-// may open MaxConnsPerIP connections, and every subscription keeps a de-duplication window of up
-// to 1,024 ids (about 51 KiB once full, which events the client publishes itself can fill): 32,000
-// of them from one address would be 1.6 GiB.

@@ -197,4 +197,3 @@ func (c *conn) dropSnapshots() {
 	}
 }
 
-// ipCounts (a perClient) counts the entries each client holds in its connections' inboxes.

@@ -41,9 +41,15 @@ func (c *perClient[T]) give(key string, n T) {
 	}
 }
 
-// The three bounds, each a perClient (their uses say why each exists).
+// The bounds kept per client.
 type (
-	ipSlots  = perClient[int]
+	// ipSlots: live subscriptions. Each connection bounds its own (MaxSubscriptions), but a client
+	// may open MaxConnsPerIP connections, and every subscription keeps a de-duplication window of
+	// up to 1,024 ids (about 51 KiB once full): 32,000 of them from one address would be 1.6 GiB.
+	ipSlots = perClient[int]
+	// ipCounts: entries waiting in its connections' inboxes.
 	ipCounts = perClient[int]
-	ipBytes  = perClient[int64]
+	// ipBytes: bytes of the shared initial-result budget. The per-connection share alone let eight
+	// slow readers of one client hold the whole budget, and every other client's REQ was refused busy.
+	ipBytes = perClient[int64]
 )
