@@ -196,4 +196,3 @@ func (c *conn) dropSnapshots() {
 		sub.mu.Unlock()
 	}
 }
-
