@@ -26,6 +26,16 @@ var (
 		Name: "buzz_accept_batch_events", Help: "Events per buzz.accept_events call.",
 		Buckets: []float64{1, 2, 4, 8, 16, 32, 60},
 	})
+	// AcceptCallSeconds is one buzz.accept_events call from the relay's side: its round trip, the
+	// commit's WAL flush included. AcceptCallsInFlight is how many run now (BUZZ_ACCEPT_BATCH_CALLS
+	// bounds it): calls rarely in flight under load mean the relay, not PostgreSQL, is the limit.
+	AcceptCallSeconds = promauto.NewHistogram(prometheus.HistogramOpts{
+		Name: "buzz_accept_call_seconds", Help: "Duration of buzz.accept_events calls.",
+		Buckets: []float64{.001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5},
+	})
+	AcceptCallsInFlight = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "buzz_accept_calls_in_flight", Help: "buzz.accept_events calls running now.",
+	})
 	// EventWindowDepth is a connection's EVENTs read and not yet answered, seen as each one joins
 	// its window (relay/pipeline.go): 1 for a client that waits for each OK.
 	EventWindowDepth = promauto.NewHistogram(prometheus.HistogramOpts{

@@ -740,3 +740,26 @@ func TestFanoutSlotOfAnotherDatabaseIsFatal(t *testing.T) {
 		t.Fatalf("createSlot over another database's slot = %v, want the other database named", err)
 	}
 }
+
+// Run returns soon after its context ends, even while the stream waits for a message that may not
+// come for an hour: reads wait on the socket's deadline, and the context's end moves it to now.
+func TestFanoutRunEndsWithItsContext(t *testing.T) {
+	h := newHarness(t)
+	f := New(Config{DatabaseURL: h.url, InstanceID: instanceID("lt"), StatusInterval: time.Hour,
+		Logger: testenv.Logger(t, slog.LevelDebug, nil)}, h.pool, newRecSink())
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- f.Run(ctx) }()
+	t.Cleanup(func() {
+		cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer ccancel()
+		_ = f.Close(cctx)
+	})
+	testenv.WaitUntil(t, 30*time.Second, "fan-out attached", f.Ready)
+	cancel()
+	select {
+	case <-errc:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run still waits on the stream 5 s after its context ended")
+	}
+}
