@@ -261,7 +261,11 @@ func (b *Batcher) runNext() {
 	}
 	ctx, cancel := b.callContext(batch)
 	defer cancel()
+	metrics.AcceptCallsInFlight.Inc()
+	start := time.Now()
 	verdicts, err := b.call(ctx, batch)
+	metrics.AcceptCallSeconds.Observe(time.Since(start).Seconds())
+	metrics.AcceptCallsInFlight.Dec()
 	answered = true
 	if err != nil && ctx.Err() != nil {
 		// Cut short by shutdown or a deadline: the events' owners are gone or going, and a
