@@ -803,12 +803,14 @@ BEGIN
         OR jsonb_typeof(e->'created_at') IS DISTINCT FROM 'number'
         OR jsonb_typeof(e->'kind') IS DISTINCT FROM 'number' OR jsonb_typeof(e->'tags') IS DISTINCT FROM 'array'
         OR jsonb_typeof(e->'content') IS DISTINCT FROM 'string' THEN false
+      -- One regex over the three (its cost is per character, plus a fixed cost per call).
       WHEN length(e->>'id') <> 64 OR length(e->>'pubkey') <> 64 OR length(e->>'sig') <> 128
-        OR (e->>'id') !~ '^[0-9a-f]+$' OR (e->>'pubkey') !~ '^[0-9a-f]+$' OR (e->>'sig') !~ '^[0-9a-f]+$' THEN false
+        OR (e->>'id') || (e->>'pubkey') || (e->>'sig') !~ '^[0-9a-f]+$' THEN false
       WHEN (e->'created_at')::numeric NOT BETWEEN 0 AND now_s + max_future OR (e->'created_at')::numeric % 1 <> 0
         OR (e->'kind')::numeric NOT BETWEEN 0 AND 65535 OR (e->'kind')::numeric % 1 <> 0 THEN false
-      WHEN (e->'kind')::numeric IN (0, 3, 5, 1059, 41010, 41011, 41012)
-        OR (e->'kind')::numeric BETWEEN 10000 AND 39999 THEN false
+      WHEN (e->'kind')::integer IN (0, 3, 5, 1059, 41010, 41011, 41012)
+        OR (e->'kind')::integer BETWEEN 10000 AND 39999 THEN false
+      WHEN e->'tags' = '[]' THEN true  -- most events: no tag to look at
       ELSE NOT EXISTS (
         SELECT 1 FROM jsonb_array_elements(e->'tags') t
          WHERE CASE WHEN jsonb_typeof(t) <> 'array' THEN true
