@@ -87,11 +87,16 @@ SET search_path = pg_catalog, buzz, pg_temp
 AS $$ SELECT coalesce(length(s) = 64 AND s ~ '^[0-9a-f]+$', false) $$;
 COMMENT ON FUNCTION buzz.is_hex64(text) IS '64 lowercase hex characters (an event id or a pubkey); false for NULL.';
 
--- VOLATILE, as clock_timestamp() is.
+-- VOLATILE, as clock_timestamp() is. PL/pgSQL, as cfg: a SQL function with SET is never inlined
+-- and parsed and planned again in every transaction that calls it (5 % of the backend's CPU for
+-- an accept_events call of one event; docs/benchmarks.md).
 CREATE FUNCTION buzz.now_unix() RETURNS bigint
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, buzz, pg_temp
-AS $$ SELECT floor(extract(epoch FROM clock_timestamp()))::bigint $$;
+AS $$
+BEGIN
+  RETURN floor(extract(epoch FROM clock_timestamp()))::bigint;
+END $$;
 COMMENT ON FUNCTION buzz.now_unix() IS 'The database clock in unix seconds (the clock every created_at check uses).';
 
 CREATE FUNCTION buzz.participant_hash(participants text[]) RETURNS bytea
