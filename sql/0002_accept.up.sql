@@ -87,11 +87,16 @@ SET search_path = pg_catalog, buzz, pg_temp
 AS $$ SELECT coalesce(length(s) = 64 AND s ~ '^[0-9a-f]+$', false) $$;
 COMMENT ON FUNCTION buzz.is_hex64(text) IS '64 lowercase hex characters (an event id or a pubkey); false for NULL.';
 
--- VOLATILE, as clock_timestamp() is.
+-- VOLATILE, as clock_timestamp() is. PL/pgSQL, as cfg: a SQL function with SET is never inlined
+-- and parsed and planned again in every transaction that calls it (5 % of the backend's CPU for
+-- an accept_events call of one event; docs/benchmarks.md).
 CREATE FUNCTION buzz.now_unix() RETURNS bigint
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, buzz, pg_temp
-AS $$ SELECT floor(extract(epoch FROM clock_timestamp()))::bigint $$;
+AS $$
+BEGIN
+  RETURN floor(extract(epoch FROM clock_timestamp()))::bigint;
+END $$;
 COMMENT ON FUNCTION buzz.now_unix() IS 'The database clock in unix seconds (the clock every created_at check uses).';
 
 CREATE FUNCTION buzz.participant_hash(participants text[]) RETURNS bytea
@@ -803,12 +808,14 @@ BEGIN
         OR jsonb_typeof(e->'created_at') IS DISTINCT FROM 'number'
         OR jsonb_typeof(e->'kind') IS DISTINCT FROM 'number' OR jsonb_typeof(e->'tags') IS DISTINCT FROM 'array'
         OR jsonb_typeof(e->'content') IS DISTINCT FROM 'string' THEN false
+      -- One regex over the three (its cost is per character, plus a fixed cost per call).
       WHEN length(e->>'id') <> 64 OR length(e->>'pubkey') <> 64 OR length(e->>'sig') <> 128
-        OR (e->>'id') !~ '^[0-9a-f]+$' OR (e->>'pubkey') !~ '^[0-9a-f]+$' OR (e->>'sig') !~ '^[0-9a-f]+$' THEN false
+        OR (e->>'id') || (e->>'pubkey') || (e->>'sig') !~ '^[0-9a-f]+$' THEN false
       WHEN (e->'created_at')::numeric NOT BETWEEN 0 AND now_s + max_future OR (e->'created_at')::numeric % 1 <> 0
         OR (e->'kind')::numeric NOT BETWEEN 0 AND 65535 OR (e->'kind')::numeric % 1 <> 0 THEN false
-      WHEN (e->'kind')::numeric IN (0, 3, 5, 1059, 41010, 41011, 41012)
-        OR (e->'kind')::numeric BETWEEN 10000 AND 39999 THEN false
+      WHEN (e->'kind')::integer IN (0, 3, 5, 1059, 41010, 41011, 41012)
+        OR (e->'kind')::integer BETWEEN 10000 AND 39999 THEN false
+      WHEN e->'tags' = '[]' THEN true  -- most events: no tag to look at
       ELSE NOT EXISTS (
         SELECT 1 FROM jsonb_array_elements(e->'tags') t
          WHERE CASE WHEN jsonb_typeof(t) <> 'array' THEN true
@@ -832,6 +839,11 @@ COMMENT ON FUNCTION buzz.plain_events(jsonb) IS
 -- duplicates, as they would be one after another. In a subtransaction: a run refused with a
 -- client SQLSTATE (a value too long to index) is rolled back whole and returns NULLs, and
 -- accept_events runs its events one by one, so each gets its own verdict.
+-- A plain INSERT, not ON CONFLICT DO NOTHING: the locks and the look-up have settled duplicates,
+-- and a speculative insertion costs a second probe of events_pkey and a WAL record per row (5 %
+-- of the backend's CPU; docs/benchmarks.md). Only a writer that takes no event:<id> lock (psql)
+-- can still store one of these ids meanwhile; the primary key then refuses the run (23505) and
+-- accept_event, event by event, answers it as a duplicate.
 CREATE FUNCTION buzz.accept_plain_run(evs jsonb, lo integer, hi integer, OUT oks boolean[], OUT msgs text[])
 LANGUAGE plpgsql
 SET search_path = pg_catalog, buzz, pg_temp
@@ -840,42 +852,45 @@ BEGIN
   PERFORM pg_advisory_xact_lock(pg_catalog.hashtextextended('event:' || s.id, 0::bigint))  -- see accept_event
      FROM (SELECT DISTINCT a.e->>'id' AS id FROM jsonb_array_elements(evs) WITH ORDINALITY AS a(e, n)
             WHERE a.n BETWEEN lo AND hi ORDER BY 1) s;
-  WITH input AS MATERIALIZED (
-    SELECT a.n, a.e->>'id' AS id, a.e->>'pubkey' AS pubkey, (a.e->>'created_at')::bigint AS created_at,
-           (a.e->>'kind')::integer AS kind, a.e->'tags' AS tags, a.e->>'content' AS content, a.e->>'sig' AS sig,
-           EXISTS (SELECT 1 FROM buzz.events x WHERE x.id = a.e->>'id') AS stored,
-           EXISTS (SELECT 1 FROM buzz.deleted_ids x WHERE x.id = a.e->>'id' AND x.pubkey = a.e->>'pubkey') AS deleted
-      FROM jsonb_array_elements(evs) WITH ORDINALITY AS a(e, n)
+  WITH looked_up AS MATERIALIZED (  -- each look-up once per event
+    SELECT a.n, x.*,
+           EXISTS (SELECT 1 FROM buzz.events s WHERE s.id = x.id) AS stored,
+           EXISTS (SELECT 1 FROM buzz.deleted_ids d WHERE d.id = x.id AND d.pubkey = x.pubkey) AS deleted
+      FROM jsonb_array_elements(evs) WITH ORDINALITY AS a(e, n),
+           LATERAL (SELECT a.e->>'id' AS id, a.e->>'pubkey' AS pubkey, (a.e->>'created_at')::bigint AS created_at,
+                           (a.e->>'kind')::integer AS kind, a.e->'tags' AS tags, a.e->>'content' AS content,
+                           a.e->>'sig' AS sig) x
      WHERE a.n BETWEEN lo AND hi),
-  firsts AS MATERIALIZED (
-    SELECT DISTINCT ON (x.id) x.n FROM input x WHERE NOT x.stored AND NOT x.deleted ORDER BY x.id, x.n),
+  input AS MATERIALIZED (
+    SELECT y.*, NOT y.stored AND NOT y.deleted
+                AND y.n = min(y.n) FILTER (WHERE NOT y.deleted) OVER (PARTITION BY y.id) AS first
+      FROM looked_up y),
   ins AS (
-    INSERT INTO buzz.events AS ev (id, pubkey, created_at, kind, tags, content, sig, tagvals, expires_at, scope)
+    INSERT INTO buzz.events (id, pubkey, created_at, kind, tags, content, sig, tagvals, expires_at, scope)
     SELECT x.id, x.pubkey, x.created_at, x.kind, x.tags, x.content, x.sig,
-           coalesce((SELECT array_agg(DISTINCT (t->>0) || ':' || (t->>1)) FROM jsonb_array_elements(x.tags) t
-                      WHERE length(t->>0) = 1 AND t->>1 IS NOT NULL), '{}'),
-           (SELECT (y.t->>1)::bigint FROM jsonb_array_elements(x.tags) WITH ORDINALITY AS y(t, m)
-             WHERE y.t->>0 = 'expiration' AND y.t->>1 IS NOT NULL ORDER BY y.m LIMIT 1),
+           CASE WHEN x.tags = '[]' THEN '{}' ELSE  -- most events: no tag to look at
+             coalesce((SELECT array_agg(DISTINCT (t->>0) || ':' || (t->>1)) FROM jsonb_array_elements(x.tags) t
+                        WHERE length(t->>0) = 1 AND t->>1 IS NOT NULL), '{}') END,
+           CASE WHEN x.tags <> '[]' THEN
+             (SELECT (y.t->>1)::bigint FROM jsonb_array_elements(x.tags) WITH ORDINALITY AS y(t, m)
+               WHERE y.t->>0 = 'expiration' AND y.t->>1 IS NOT NULL ORDER BY y.m LIMIT 1) END,
            '*'
-      FROM input x JOIN firsts f ON f.n = x.n
-     ORDER BY x.n  -- the batch's order, which fan-out (WAL order) keeps
-    ON CONFLICT (id) DO NOTHING
-    RETURNING ev.id)
+      FROM input x WHERE x.first
+     ORDER BY x.n)  -- the batch's order, which fan-out (WAL order) keeps
   SELECT array_agg(NOT (x.deleted AND NOT x.stored) ORDER BY x.n),
-         array_agg(CASE WHEN x.stored THEN 'duplicate: already have this event'
-                        WHEN x.deleted THEN 'blocked: deleted'
-                        WHEN f.n IS NOT NULL AND ins.id IS NOT NULL THEN ''
+         array_agg(CASE WHEN x.first THEN ''
+                        WHEN x.deleted AND NOT x.stored THEN 'blocked: deleted'
                         ELSE 'duplicate: already have this event' END ORDER BY x.n)
     INTO oks, msgs
-    FROM input x LEFT JOIN firsts f ON f.n = x.n LEFT JOIN ins ON ins.id = x.id;
+    FROM input x;
 EXCEPTION
   WHEN SQLSTATE 'BZ400' OR SQLSTATE 'BZ401' OR SQLSTATE 'BZ403' OR SQLSTATE 'BZ409'
     OR SQLSTATE 'BZ429' OR SQLSTATE '22P05' OR SQLSTATE '22P02' OR SQLSTATE '22003'
-    OR SQLSTATE '54000' THEN
+    OR SQLSTATE '54000' OR SQLSTATE '23505' THEN
     oks := NULL; msgs := NULL;
 END $$;
 COMMENT ON FUNCTION buzz.accept_plain_run(jsonb, integer, integer) IS
-  'Stores the plain events lo..hi of an accept_events array (plain_events) with accept_event''s verdicts, in one subtransaction: one statement takes their event:<id> locks sorted by id, one looks up stored ids and the authors'' tombstones and inserts. Returns each event''s ok and message, in order; NULLs when the run was refused with a client SQLSTATE and rolled back.';
+  'Stores the plain events lo..hi of an accept_events array (plain_events) with accept_event''s verdicts, in one subtransaction: one statement takes their event:<id> locks sorted by id, one looks up stored ids and the authors'' tombstones and inserts. Returns each event''s ok and message, in order; NULLs when the run was refused with a client SQLSTATE, or with 23505 (a writer that takes no event:<id> lock stored one of its ids meanwhile), and rolled back.';
 
 -- Group commit: most of an accepted event's cost is the transaction around it (round trip,
 -- commit, WAL flush, a walsender wake-up), so the relay sends the events that arrive together as

@@ -421,7 +421,11 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON buzz.retention TO buzz_operator;
 -- events) instead of a walk of events_kind_idx (0.9 ms). Autovacuum analyzes at 10 % of the rows
 -- by default, on its own schedule (a minute per round). The relay calls buzz.refresh_statistics
 -- every few seconds (internal/store/statistics.go); it analyzes a hot table whose rows changed by
--- more than a tenth since its last analyze, and costs one catalog read when none did.
+-- more than half since its last analyze, and costs one catalog read when none did. Half, not a
+-- tenth: a plan needs statistics of the table's shape, which a table two thirds as large has (the
+-- planner scales row counts to the table's current size), and each ANALYZE of a growing table
+-- costs 25-200 ms of CPU: a tenth analyzed a 60,000-event load 12 times (1.2 s of CPU, 20 µs per
+-- event, as much as a tenth of accepting it), half 4 times (0.24 s; docs/benchmarks.md).
 
 ALTER TABLE buzz.events SET (autovacuum_analyze_scale_factor = 0.02, autovacuum_analyze_threshold = 1000);
 -- No filter or join reads these columns' statistics (ids are unique by their index; tag filters
@@ -450,7 +454,7 @@ BEGIN
     FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
     WHERE s.schemaname = 'buzz' AND s.relname IN ('events', 'event_tags', 'members', 'channels', 'deleted_ids')
       AND s.n_mod_since_analyze >= 500
-      AND s.n_mod_since_analyze > 0.1 * greatest(c.reltuples, 0)
+      AND s.n_mod_since_analyze > 0.5 * greatest(c.reltuples, 0)
   LOOP
     EXECUTE format('ANALYZE %s', rel);
     done := done || rel::text;

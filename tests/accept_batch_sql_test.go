@@ -127,3 +127,65 @@ func TestAcceptEventsRefusesBadCalls(t *testing.T) {
 		t.Fatalf("%d events stored by refused calls", n)
 	}
 }
+
+// A run of plain events is stored by a plain INSERT: the event:<id> locks and the look-up of
+// stored ids settle duplicates (sql/0002_accept.up.sql, accept_plain_run). A writer that takes no
+// lock (psql) may still store one of the run's ids meanwhile: the primary key then refuses the
+// run, and accept_events gives each of its events accept_event's verdict instead of failing.
+func TestAcceptEventsRunMeetsAWriterWithoutTheLock(t *testing.T) {
+	url := testenv.FreshDB(t)
+	pool := testenv.Pool(t, url)
+	ctx := context.Background()
+	u := testenv.NewUser()
+	taken, other := u.Event(t, 1, nil, "taken meanwhile"), u.Event(t, 1, nil, "other")
+
+	w := testenv.NewSession(t, url, "unlocked-writer")
+	w.Begin()
+	if _, err := w.Tx.Exec(ctx, `INSERT INTO buzz.events (id, pubkey, created_at, kind, tags, content, sig)
+		VALUES ($1, $2, $3, 1, '[]', $4, $5)`, taken.ID, taken.PubKey, int64(taken.CreatedAt), taken.Content, taken.Sig); err != nil {
+		t.Fatal(err)
+	}
+	r := testenv.NewSession(t, url, "batch")
+	type verdict struct {
+		ok  bool
+		msg string
+	}
+	var got []verdict
+	var callErr error
+	done := testenv.Async(func() {
+		rows, err := r.Conn.Query(ctx, `SELECT ok, message FROM buzz.accept_events($1::jsonb)`, batchJSON(t, taken, other))
+		if err != nil {
+			callErr = err
+			return
+		}
+		for rows.Next() {
+			var v verdict
+			if err := rows.Scan(&v.ok, &v.msg); err != nil {
+				callErr = err
+				return
+			}
+			got = append(got, v)
+		}
+		callErr = rows.Err()
+	})
+	// The run has not seen the uncommitted row and waits on it in events_pkey.
+	if !testenv.WaitBlockedOrDone(t, pool, r.PID, done) {
+		t.Fatalf("the run did not wait for the writer (err %v, verdicts %v)", callErr, got)
+	}
+	w.Commit()
+	<-done
+	if callErr != nil {
+		t.Fatalf("accept_events failed: %v", callErr)
+	}
+	want := []verdict{{true, "duplicate: already have this event"}, {true, ""}}
+	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("verdicts %v, want %v", got, want)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM buzz.events WHERE id = ANY($1)`, []string{taken.ID, other.ID}).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Fatalf("%d of the 2 events stored", n)
+	}
+}
