@@ -844,9 +844,13 @@ COMMENT ON FUNCTION buzz.plain_events(jsonb) IS
 -- of the backend's CPU; docs/benchmarks.md). Only a writer that takes no event:<id> lock (psql)
 -- can still store one of these ids meanwhile; the primary key then refuses the run (23505) and
 -- accept_event, event by event, answers it as a duplicate.
+-- enable_seqscan off: the look-ups are index probes at any size. A plan made while statistics
+-- said buzz.events was tiny (a fresh relay) would otherwise scan the table for every event of
+-- every call until the next ANALYZE replans it.
 CREATE FUNCTION buzz.accept_plain_run(evs jsonb, lo integer, hi integer, OUT oks boolean[], OUT msgs text[])
 LANGUAGE plpgsql
 SET search_path = pg_catalog, buzz, pg_temp
+SET enable_seqscan = off
 AS $$
 BEGIN
   PERFORM pg_advisory_xact_lock(pg_catalog.hashtextextended('event:' || s.id, 0::bigint))  -- see accept_event

@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -187,5 +188,44 @@ func TestAcceptEventsRunMeetsAWriterWithoutTheLock(t *testing.T) {
 	}
 	if n != 2 {
 		t.Fatalf("%d of the 2 events stored", n)
+	}
+}
+
+// A run looks up stored ids and tombstones by index probes at any table size. An EXISTS in a
+// select list may otherwise become a hashed subplan, which reads the whole table once per call: a
+// generic plan made while the table was small (a fresh relay, never analyzed) then scans every
+// stored event in every later call.
+func TestAcceptPlainRunProbesByIndex(t *testing.T) {
+	url := testenv.FreshDB(t)
+	ctx := context.Background()
+	u := testenv.NewUser()
+	s := testenv.NewSession(t, url, "batch")
+	// Statistics of a table of one row, and one plan for every call: the planner's best case for a
+	// hashed subplan.
+	if _, err := s.Conn.Exec(ctx, `SELECT count(*) FROM buzz.accept_events($1::jsonb)`,
+		batchJSON(t, u.Event(t, 1, nil, "the first"))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Conn.Exec(ctx, `ANALYZE buzz.events; ANALYZE buzz.deleted_ids; SET plan_cache_mode = force_generic_plan`); err != nil {
+		t.Fatal(err)
+	}
+	for call := range 3 {
+		evs := make([]*nostr.Event, 50)
+		for i := range evs {
+			evs[i] = u.Event(t, 1, nil, fmt.Sprint("probe ", call, " ", i))
+		}
+		s.Begin()
+		if _, err := s.Tx.Exec(ctx, `SELECT count(*) FROM buzz.accept_events($1::jsonb)`, batchJSON(t, evs...)); err != nil {
+			t.Fatal(err)
+		}
+		var seq, idx int64
+		if err := s.Tx.QueryRow(ctx, `SELECT seq_scan, coalesce(idx_scan, 0) FROM pg_stat_xact_user_tables
+			WHERE relid = 'buzz.events'::regclass`).Scan(&seq, &idx); err != nil {
+			t.Fatal(err)
+		}
+		s.Commit()
+		if seq != 0 {
+			t.Fatalf("call %d scanned buzz.events sequentially %d times (index scans %d)", call, seq, idx)
+		}
 	}
 }
