@@ -42,6 +42,7 @@ type conn struct {
 	dueSeen *idFIFO[dueKey]
 
 	q        *sendQueue
+	frames   frameWriter // the write loop's own
 	querySem chan struct{}
 	// initialHeld is what this connection's initial answers hold of the process-wide budget.
 	initialHeld atomic.Int64
@@ -260,16 +261,17 @@ func (c *conn) writeLoop() {
 // slow link could not take within it. It returns false when the connection is done.
 func (c *conn) writeQueued(ping <-chan time.Time) bool {
 	for {
-		batch := c.q.take(writeBatch)
+		batch, owned := c.q.takeFrames(writeBatch)
 		if len(batch) == 0 {
 			return true
 		}
-		n, err := writeTextFrames(c.ws.NetConn(), batch, c.s.writeWait)
+		n, err := c.frames.write(c.ws.NetConn(), batch, c.s.writeWait)
 		c.q.written(n)
 		if err != nil {
 			c.writeFailed(err)
 			return false
 		}
+		c.q.recycle(batch, owned)
 		// A full batch left while more is queued: a backlog (a long answer, a flood) is
 		// draining, so the client is reading. The read deadline is there to find dead
 		// clients (pongWait), and a backlog to a slow reader (which only answers pings, as
@@ -334,14 +336,23 @@ func (c *conn) writePong(data string) bool {
 	return true
 }
 
-// writeTextFrames writes msgs as unfragmented, unmasked text frames (RFC 6455 5.2, server to
-// client) in one writev. gorilla writes one message per syscall; a REQ answer of 100 events is
-// then 100 syscalls, the largest cost of a query after PostgreSQL itself. Writing frames directly
-// is safe beside gorilla's own control frames (ping, close): each is a single Write on the net.Conn,
-// whose writes are atomic with respect to each other. Returns the payload bytes written.
-func writeTextFrames(nc net.Conn, msgs [][]byte, wait time.Duration) (int, error) {
-	headers := make([]byte, 0, 10*len(msgs))
-	bufs := make(net.Buffers, 0, 2*len(msgs))
+// frameWriter writes msgs as unfragmented, unmasked text frames (RFC 6455 5.2, server to client)
+// in one writev. gorilla writes one message per syscall; a REQ answer of 100 events is then 100
+// syscalls, the largest cost of a query after PostgreSQL itself. Writing frames directly is safe
+// beside gorilla's own control frames (ping, close): each is a single Write on the net.Conn, whose
+// writes are atomic with respect to each other. The writer goroutine owns it: the headers and the
+// vector are reused from one batch to the next, not allocated for each.
+type frameWriter struct {
+	headers []byte
+	bufs    net.Buffers
+}
+
+// write writes one batch and returns its payload bytes.
+func (w *frameWriter) write(nc net.Conn, msgs [][]byte, wait time.Duration) (int, error) {
+	if need := 10 * len(msgs); cap(w.headers) < need {
+		w.headers = make([]byte, 0, need) // never grown below: bufs point into it
+	}
+	headers, bufs := w.headers[:0], w.bufs[:0]
 	total := 0
 	for _, m := range msgs {
 		start := len(headers)
@@ -357,8 +368,10 @@ func writeTextFrames(nc net.Conn, msgs [][]byte, wait time.Duration) (int, error
 		bufs = append(bufs, headers[start:len(headers):len(headers)], m)
 		total += len(m)
 	}
+	w.bufs = bufs
 	_ = nc.SetWriteDeadline(timeNow().Add(wait))
-	_, err := bufs.WriteTo(nc)
+	_, err := bufs.WriteTo(nc) // consumes bufs, not w.bufs
+	clear(w.bufs)              // the frames may go back to their pools: hold none of them
 	return total, err
 }
 

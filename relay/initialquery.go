@@ -25,7 +25,7 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter, prefi
 	if sql == "" {
 		return nil, 0, nil, nil
 	}
-	var ans initialAnswer
+	ans := initialAnswer{rows: make([]storedRow, 0, answerRows(filters))}
 	defer func() {
 		if p := recover(); p != nil {
 			c.releaseInitial(ans.held) // recoverQuery answers the client; the bytes must come back
@@ -45,6 +45,17 @@ func (c *conn) queryStored(ctx context.Context, filters []*compiledFilter, prefi
 		return nil, 0, nil, err
 	}
 	return ans.rows, ans.held, snap, nil
+}
+
+// answerRows is about how many rows an answer to filters holds: its slice is allocated once.
+func answerRows(filters []*compiledFilter) int {
+	n := 0
+	for _, cf := range filters {
+		if !cf.none {
+			n += max(cf.limit, 0)
+		}
+	}
+	return min(n, 512)
 }
 
 // initialAnswer is an initial answer as it is read: its rows so far and the bytes they took from
@@ -123,7 +134,7 @@ func (c *conn) readRows(rows pgx.Rows, prefix []byte, ans *initialAnswer) error 
 		if len(vals) > colID && prev != nil && bytes.Equal(vals[colID], prev) {
 			continue // the same row matched by another filter: adjacent in (created_at, id) order
 		}
-		msg, size, err := rowFrame(make([]byte, 0, rowFrameSize(prefix, vals)), prefix, vals, fds)
+		msg, size, err := rowFrame(getFrame(rowFrameSize(prefix, vals)), prefix, vals, fds)
 		if err != nil {
 			return err
 		}

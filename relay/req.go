@@ -134,7 +134,7 @@ func (c *conn) runInitial(sub *subscription, before taken) {
 		sub.mu.Unlock()
 	})
 	for i, r := range rows {
-		sent := sub.sendLocked(c, r.msg, func() bool {
+		sent := sub.sendFrameLocked(c, r.msg, true, func() bool {
 			if _, live := sub.sentLive[r.key]; live || sub.seen.has(r.key) {
 				return false
 			}
@@ -171,6 +171,12 @@ func (c *conn) runInitial(sub *subscription, before taken) {
 // outside the lock (Deliver takes sub.mu and must never wait for a client). It returns false when
 // the subscription or connection is done.
 func (sub *subscription) sendLocked(c *conn, msg []byte, want func() bool) bool {
+	return sub.sendFrameLocked(c, msg, false, want)
+}
+
+// sendFrameLocked is sendLocked; owned says msg is a frame from getFrame that nothing else refers
+// to once queued (sendQueue.pushOwned).
+func (sub *subscription) sendFrameLocked(c *conn, msg []byte, owned bool, want func() bool) bool {
 	decided := false
 	for {
 		sub.mu.Lock()
@@ -185,7 +191,7 @@ func (sub *subscription) sendLocked(c *conn, msg []byte, want func() bool) bool 
 			}
 			decided = true
 		}
-		ok, room, done := c.q.pushHalf(msg)
+		ok, room, done := c.q.pushHalfFrame(msg, owned)
 		sub.mu.Unlock()
 		if ok {
 			return true

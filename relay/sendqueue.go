@@ -12,6 +12,9 @@ import (
 type sendQueue struct {
 	mu      sync.Mutex
 	items   [][]byte
+	owned   []bool   // owned[i]: items[i] is a pooled frame only this queue holds (pushHalfFrame)
+	spare   [][]byte // the last batch's arrays, given back by recycle for the next pushes
+	spareOw []bool
 	size    int // bytes queued and not yet written to the socket
 	limit   int
 	closed  bool
@@ -111,7 +114,11 @@ func (q *sendQueue) put(shared bool, msgs [][]byte) string {
 		q.mu.Unlock()
 		return why
 	}
+	q.reuseSpare()
 	q.items = append(q.items, msgs...)
+	for range msgs {
+		q.owned = append(q.owned, false)
+	}
 	q.grow(total)
 	q.mu.Unlock()
 	q.signal()
@@ -122,13 +129,21 @@ func (q *sendQueue) put(shared bool, msgs [][]byte) string {
 // one message) and never waits. When there is no room it returns a channel that is closed once
 // bytes leave the queue. done reports that the queue is closed (nothing will ever be sent).
 func (q *sendQueue) pushHalf(msg []byte) (ok bool, room <-chan struct{}, done bool) {
+	return q.pushHalfFrame(msg, false)
+}
+
+// pushHalfFrame is pushHalf; owned says msg is a frame from getFrame that nothing else refers to:
+// once written, the writer gives it back to its pool (recycle).
+func (q *sendQueue) pushHalfFrame(msg []byte, owned bool) (ok bool, room <-chan struct{}, done bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
 		return false, nil, true
 	}
 	if q.size == 0 || (q.size+len(msg) <= q.limit/2 && q.overShared(len(msg)) == "") {
+		q.reuseSpare()
 		q.items = append(q.items, msg)
+		q.owned = append(q.owned, owned)
 		q.grow(len(msg))
 		q.signal()
 		return true, nil, false
@@ -137,9 +152,23 @@ func (q *sendQueue) pushHalf(msg []byte) (ok bool, room <-chan struct{}, done bo
 	return false, q.room, false
 }
 
+// reuseSpare starts an empty queue on the arrays of the last written batch (under q.mu).
+func (q *sendQueue) reuseSpare() {
+	if q.items == nil && q.spare != nil {
+		q.items, q.owned = q.spare, q.spareOw
+		q.spare, q.spareOw = nil, nil
+	}
+}
+
 // take removes and returns the oldest queued messages, at most max bytes of them (and at least one
 // message, whatever its size). The bytes stay counted until written (written).
 func (q *sendQueue) take(max int) [][]byte {
+	msgs, _ := q.takeFrames(max)
+	return msgs
+}
+
+// takeFrames is take, with which of the messages are owned frames (pushHalfFrame).
+func (q *sendQueue) takeFrames(max int) (msgs [][]byte, owned []bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	n, size := 0, 0
@@ -148,15 +177,33 @@ func (q *sendQueue) take(max int) [][]byte {
 		n++
 	}
 	if n == len(q.items) {
-		items := q.items
-		q.items = nil
-		return items
+		items, own := q.items, q.owned
+		q.items, q.owned = nil, nil
+		return items, own
 	}
 	items := make([][]byte, n)
 	copy(items, q.items)
+	own := make([]bool, n)
+	copy(own, q.owned)
 	clear(q.items[:n]) // the rest keeps the backing array; do not let it pin what is sent
-	q.items = q.items[n:]
-	return items
+	q.items, q.owned = q.items[n:], q.owned[n:]
+	return items, own
+}
+
+// recycle takes back a batch from takeFrames once it is written in full: its owned frames go
+// back to their pools, and its arrays serve the next pushes. Nothing may use the batch after.
+func (q *sendQueue) recycle(msgs [][]byte, owned []bool) {
+	for i, m := range msgs {
+		if owned[i] {
+			putFrame(m)
+		}
+	}
+	clear(msgs) // the spare must not pin what was sent
+	q.mu.Lock()
+	if cap(msgs) > cap(q.spare) {
+		q.spare, q.spareOw = msgs[:0], owned[:0]
+	}
+	q.mu.Unlock()
 }
 
 // written releases n bytes after they reached the socket.
@@ -183,9 +230,11 @@ func (q *sendQueue) closeWith(last []byte) bool {
 	for _, it := range q.items {
 		q.shrink(len(it))
 	}
-	q.items = nil
+	q.items, q.owned = nil, nil
+	q.spare, q.spareOw = nil, nil
 	if last != nil {
 		q.items = append(q.items, last)
+		q.owned = append(q.owned, false)
 		q.grow(len(last))
 	}
 	close(q.room) // wake pushHalf waiters so they see closed
@@ -216,7 +265,8 @@ func (q *sendQueue) release() {
 		return
 	}
 	q.closed = true
-	q.items = nil
+	q.items, q.owned = nil, nil
+	q.spare, q.spareOw = nil, nil
 	q.shrink(q.size)
 	q.released = true
 	b, cq, key := q.budget, q.client, q.clientKey
