@@ -37,6 +37,7 @@ type pipeline struct {
 // limits, Go checks, the ephemeral dedupe): its OK only waits for its turn.
 type pipeItem struct {
 	ev      *nostr.Event
+	read    time.Time // when the read loop put it in the window
 	size    int
 	decided bool
 	ok      bool
@@ -61,7 +62,7 @@ func (c *conn) queueDecided(id string, ok bool, msg string) {
 
 // queueAccept puts a checked EVENT in the window, to be stored by the worker.
 func (c *conn) queueAccept(ev *nostr.Event, size int) {
-	c.queueItem(&pipeItem{ev: ev, size: size})
+	c.queueItem(&pipeItem{ev: ev, size: size, read: time.Now()})
 }
 
 // queueItem waits for room in the window (read loop only), then adds it. An empty window always
@@ -180,12 +181,16 @@ func (c *conn) acceptGroup(group []*pipeItem) (alive bool) {
 		}
 	}()
 	var evs []*nostr.Event
+	var since time.Time
 	for _, it := range group {
 		if !it.decided {
+			if len(evs) == 0 {
+				since = it.read
+			}
 			evs = append(evs, it.ev)
 		}
 	}
-	verdicts := c.s.acceptEvents(c.ctx, evs)
+	verdicts := c.s.acceptEvents(c.ctx, since, evs)
 	i := 0
 	for _, it := range group {
 		if it.decided {
@@ -220,7 +225,7 @@ func (c *conn) logAcceptError(ev *nostr.Event, err error) {
 }
 
 // acceptEvents stores one connection's events in their order (store.Batcher.AcceptGroup).
-func (s *Server) acceptEvents(ctx context.Context, evs []*nostr.Event) []store.Verdict {
+func (s *Server) acceptEvents(ctx context.Context, since time.Time, evs []*nostr.Event) []store.Verdict {
 	if len(evs) == 0 {
 		return nil
 	}
@@ -232,7 +237,7 @@ func (s *Server) acceptEvents(ctx context.Context, evs []*nostr.Event) []store.V
 		raws[i], keys[i] = eventJSON(ev), channelOf(ev)
 	}
 	start := time.Now()
-	out := s.batcher.AcceptGroup(ctx, raws, keys)
+	out := s.batcher.AcceptGroup(ctx, since, raws, keys)
 	metrics.AcceptSeconds.Observe(time.Since(start).Seconds())
 	return out
 }

@@ -73,8 +73,9 @@ type pendingAccept struct {
 	ctx   context.Context
 	raws  [][]byte
 	keys  []string
-	key   string // lock order of the group: its smallest event key ("" for none)
-	taken bool   // in a batch: its owner waits for done and takes no slot (guarded by Batcher.mu)
+	key   string    // lock order of the group: its smallest event key ("" for none)
+	since time.Time // when its oldest event was read: the queue runs oldest first
+	taken bool      // in a batch: its owner waits for done and takes no slot (guarded by Batcher.mu)
 	done  chan []Verdict
 }
 
@@ -102,15 +103,17 @@ func NewBatcher(base context.Context, pool *pgxpool.Pool, maxEvents, inflight in
 // order, two such calls could each hold one DM and wait for the other's until the lock wait
 // bound sent both back to single events.
 func (b *Batcher) Accept(ctx context.Context, raw []byte, lockKey string) (ok bool, message string, err error) {
-	v := b.AcceptGroup(ctx, [][]byte{raw}, []string{lockKey})[0]
+	v := b.AcceptGroup(ctx, time.Now(), [][]byte{raw}, []string{lockKey})[0]
 	return v.OK, v.Msg, v.Err
 }
 
 // AcceptGroup stores events in their order and returns their verdicts, in that order: each is
 // stored after every earlier one has committed, or after it in the same transaction. Groups of
 // more than the batch size go in consecutive calls, each after the previous one's verdicts.
-// keys are the events' lock keys (Accept).
-func (b *Batcher) AcceptGroup(ctx context.Context, raws [][]byte, keys []string) []Verdict {
+// keys are the events' lock keys (Accept). since is when the oldest of them was read: queued
+// groups are taken oldest first, so a group that waited behind its connection's previous one
+// (relay/pipeline.go) does not wait again behind groups read after it.
+func (b *Batcher) AcceptGroup(ctx context.Context, since time.Time, raws [][]byte, keys []string) []Verdict {
 	out := make([]Verdict, 0, len(raws))
 	for len(raws) > 0 {
 		n := min(len(raws), b.max)
@@ -118,7 +121,7 @@ func (b *Batcher) AcceptGroup(ctx context.Context, raws [][]byte, keys []string)
 			ok, msg, err := AcceptJSON(ctx, b.pool, raws[0])
 			out = append(out, Verdict{ok, msg, err})
 		} else {
-			out = append(out, b.acceptOne(ctx, raws[:n], keys[:n])...)
+			out = append(out, b.acceptOne(ctx, since, raws[:n], keys[:n])...)
 		}
 		raws, keys = raws[n:], keys[n:]
 	}
@@ -130,10 +133,11 @@ func (b *Batcher) MaxGroup() int { return b.max }
 
 // acceptOne queues one group of at most b.max events and waits for its verdicts, running calls
 // itself while it waits and one may start (mayStart).
-func (b *Batcher) acceptOne(ctx context.Context, raws [][]byte, keys []string) []Verdict {
-	p := &pendingAccept{ctx: ctx, raws: raws, keys: keys, key: slices.Min(keys), done: make(chan []Verdict, 1)}
+func (b *Batcher) acceptOne(ctx context.Context, since time.Time, raws [][]byte, keys []string) []Verdict {
+	p := &pendingAccept{ctx: ctx, raws: raws, keys: keys, key: slices.Min(keys), since: since,
+		done: make(chan []Verdict, 1)}
 	b.mu.Lock()
-	b.queue = append(b.queue, p)
+	b.enqueueLocked(p)
 	b.queued += len(raws)
 	if b.running > 0 && b.mayStartLocked() {
 		b.wakeLocked() // a full batch waits: a waiter (maybe this caller) starts another call
@@ -161,6 +165,16 @@ func (b *Batcher) acceptOne(ctx context.Context, raws [][]byte, keys []string) [
 		case <-changed:
 		}
 	}
+}
+
+// enqueueLocked puts p behind every queued group read no later than it: oldest first, and in
+// arrival order among equals.
+func (b *Batcher) enqueueLocked(p *pendingAccept) {
+	i := len(b.queue)
+	for i > 0 && b.queue[i-1].since.After(p.since) {
+		i--
+	}
+	b.queue = slices.Insert(b.queue, i, p)
 }
 
 // mayStartLocked says whether a waiting caller may start a call now: the first whenever events

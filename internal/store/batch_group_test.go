@@ -13,14 +13,19 @@ import (
 	"github.com/buzzpg/buzzpg/internal/testenv"
 )
 
-// sendGroup starts one AcceptGroup and returns where its verdicts will arrive.
+// sendGroup starts one AcceptGroup of events read now and returns where its verdicts will arrive.
 func (h *heldBatcher) sendGroup(evs []*nostr.Event, keys []string) <-chan []store.Verdict {
+	return h.sendGroupReadAt(time.Now(), evs, keys)
+}
+
+// sendGroupReadAt is sendGroup for events whose oldest was read at since.
+func (h *heldBatcher) sendGroupReadAt(since time.Time, evs []*nostr.Event, keys []string) <-chan []store.Verdict {
 	raws := make([][]byte, len(evs))
 	for i, ev := range evs {
 		raws[i], _ = json.Marshal(ev)
 	}
 	out := make(chan []store.Verdict, 1)
-	go func() { out <- h.AcceptGroup(context.Background(), raws, keys) }()
+	go func() { out <- h.AcceptGroup(context.Background(), since, raws, keys) }()
 	return out
 }
 
@@ -49,6 +54,31 @@ func TestBatcherKeepsAGroupTogetherAndInOrder(t *testing.T) {
 	orders := keyOrders()
 	if want := []string{"z", "a", "m"}; len(orders) != 2 || !slices.Equal(orders[1], want) {
 		t.Fatalf("calls ran in key orders %q, want the second %q", orders, want)
+	}
+}
+
+// Queued groups go oldest first, by when their first event was read, not by when they reached the
+// queue: a connection's group waited in its window while the connection's previous group was
+// stored (relay/pipeline.go), and must not wait again behind groups read after it.
+func TestBatcherTakesTheOldestGroupFirst(t *testing.T) {
+	url := testenv.FreshDB(t)
+	h := newHeldBatcherOf(t, url, 2, 1)
+	keyOrders := h.recordKeyOrders()
+	u := testenv.NewUser()
+	first := h.hold(u)
+	now := time.Now()
+	late := h.sendGroupReadAt(now, []*nostr.Event{u.Event(t, 1, nil, "l1"), u.Event(t, 1, nil, "l2")}, []string{"l1", "l2"})
+	h.waitQueued(2)
+	early := h.sendGroupReadAt(now.Add(-time.Second), []*nostr.Event{u.Event(t, 1, nil, "e1"), u.Event(t, 1, nil, "e2")},
+		[]string{"e1", "e2"})
+	h.waitQueued(4)
+	close(h.release)
+	wait(t, first, "first")
+	wait(t, early, "early group")
+	wait(t, late, "late group")
+	orders := keyOrders()
+	if want := [][]string{{"e1", "e2"}, {"l1", "l2"}}; len(orders) != 3 || !slices.EqualFunc(orders[1:], want, slices.Equal) {
+		t.Fatalf("calls ran in key orders %q, want %q after the first", orders, want)
 	}
 }
 
