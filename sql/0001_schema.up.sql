@@ -26,24 +26,29 @@ INSERT INTO buzz.config(key, value) VALUES
   ('snapshot_max_ahead_seconds', '10'),       -- snapshot created_at at most this far ahead of db now
   ('reminder_lease_seconds', '30');           -- default lease of a reminder claim
 
+-- Ids, pubkeys, viewers and d, h and tag values are COLLATE "C" in every table: byte order, the
+-- same in any database whatever its locale, and B-tree comparisons by memcmp instead of the
+-- locale's strcoll (PostgreSQL CPU per stored event, docs/benchmarks.md). One collation for all of
+-- them: a comparison between two different ones could not use either column's index.
+
 -- Every stored event. Ephemeral events never land here.
 -- scope/scope_p/channel_id are the read gate (docs/protocol.md, Read gates), computed by accept_event:
 --   '*' everyone, 'a' author only, 'p' only scope_p, 'c' only members of channel_id.
 CREATE TABLE buzz.events (
-  id          text    PRIMARY KEY CHECK (length(id) = 64 AND id ~ '^[0-9a-f]+$'),
-  pubkey      text    NOT NULL CHECK (length(pubkey) = 64 AND pubkey ~ '^[0-9a-f]+$'),
+  id          text COLLATE "C" PRIMARY KEY CHECK (length(id) = 64 AND id ~ '^[0-9a-f]+$'),
+  pubkey      text COLLATE "C" NOT NULL CHECK (length(pubkey) = 64 AND pubkey ~ '^[0-9a-f]+$'),
   created_at  bigint  NOT NULL,
   kind        integer NOT NULL CHECK (kind >= 0 AND kind <= 65535),
   tags        jsonb   NOT NULL,
   content     text    NOT NULL,
   sig         text    NOT NULL,
   received_at timestamptz NOT NULL DEFAULT now(),
-  d_tag       text,                -- addressable events' d value ('' when absent)
+  d_tag       text COLLATE "C",                -- addressable events' d value ('' when absent)
   tagvals     text[]  NOT NULL DEFAULT '{}', -- 'x:value' for every single-letter tag; buzz.event_tags indexes them
-  h           text,                -- first h tag value (channel id), for channel history scans
+  h           text COLLATE "C",                -- first h tag value (channel id), for channel history scans
   expires_at  bigint,              -- NIP-40 expiration (unix seconds) or NULL
   scope       "char"  NOT NULL DEFAULT '*' CHECK (scope IN ('*','a','p','c')),
-  scope_p     text,
+  scope_p     text COLLATE "C",
   channel_id  uuid
 );
 -- pgoutput must send whole rows (we decode inserts only, but deletes need the key).
@@ -73,7 +78,7 @@ CREATE INDEX events_snapshot_viewer_idx ON buzz.events (d_tag, created_at DESC) 
 CREATE TABLE buzz.event_tags (
   tagval     text COLLATE "C" NOT NULL,
   created_at bigint NOT NULL,
-  event_id   text NOT NULL
+  event_id   text COLLATE "C" NOT NULL
 );
 CREATE UNIQUE INDEX event_tags_idx ON buzz.event_tags (tagval, created_at DESC, event_id);
 COMMENT ON TABLE buzz.event_tags IS
@@ -83,17 +88,17 @@ COMMENT ON TABLE buzz.event_tags IS
 -- (id, deleter): a kind 5 naming someone else's id (accepted; it deletes nothing) must not take
 -- the slot of the author's own tombstone. accept_event honours the author's one only.
 CREATE TABLE buzz.deleted_ids (
-  id          text NOT NULL,
-  pubkey      text NOT NULL,          -- author of the deletion request (only the author may delete)
-  deleted_by  text NOT NULL,          -- id of the kind 5 event
+  id          text COLLATE "C" NOT NULL,
+  pubkey      text COLLATE "C" NOT NULL,          -- author of the deletion request (only the author may delete)
+  deleted_by  text COLLATE "C" NOT NULL,          -- id of the kind 5 event
   deleted_at  timestamptz NOT NULL DEFAULT now(),
   PRIMARY KEY (id, pubkey)
 );
 -- NIP-09 'a' deletions: versions of the address up to until_created_at are deleted.
 CREATE TABLE buzz.deleted_addresses (
   kind             integer NOT NULL,
-  pubkey           text    NOT NULL,
-  d_tag            text    NOT NULL,
+  pubkey           text COLLATE "C" NOT NULL,
+  d_tag            text COLLATE "C" NOT NULL,
   until_created_at bigint  NOT NULL,
   PRIMARY KEY (kind, pubkey, d_tag)
 );
@@ -105,14 +110,14 @@ CREATE TABLE buzz.channels (
   id               uuid PRIMARY KEY DEFAULT gen_random_uuid(),
   kind             text NOT NULL DEFAULT 'dm' CHECK (kind = 'dm'),
   participant_hash bytea NOT NULL UNIQUE,
-  created_by       text NOT NULL,
-  created_event    text,
+  created_by       text COLLATE "C" NOT NULL,
+  created_event    text COLLATE "C",
   created_at       timestamptz NOT NULL DEFAULT now()
 );
 
 CREATE TABLE buzz.members (
   channel_id uuid NOT NULL REFERENCES buzz.channels(id) ON DELETE CASCADE,
-  pubkey     text NOT NULL CHECK (length(pubkey) = 64 AND pubkey ~ '^[0-9a-f]+$'),
+  pubkey     text COLLATE "C" NOT NULL CHECK (length(pubkey) = 64 AND pubkey ~ '^[0-9a-f]+$'),
   joined_at  timestamptz NOT NULL DEFAULT now(),
   hidden_at  timestamptz,             -- NULL: visible to this member; set: hidden by this member
   PRIMARY KEY (channel_id, pubkey)
@@ -122,11 +127,11 @@ CREATE INDEX members_hidden_idx ON buzz.members (pubkey, channel_id) WHERE hidde
 
 -- Per-viewer visibility state: the truth. target > published means a snapshot is owed.
 CREATE TABLE buzz.visibility_state (
-  viewer               text   PRIMARY KEY CHECK (length(viewer) = 64 AND viewer ~ '^[0-9a-f]+$'),
+  viewer               text COLLATE "C" PRIMARY KEY CHECK (length(viewer) = 64 AND viewer ~ '^[0-9a-f]+$'),
   target_generation    bigint NOT NULL DEFAULT 0,
   published_generation bigint NOT NULL DEFAULT 0,
   published_created_at bigint,          -- created_at of the published 30622 head
-  published_event      text,            -- id of the published 30622 head
+  published_event      text COLLATE "C",            -- id of the published 30622 head
   changed_at           timestamptz NOT NULL DEFAULT now(),
   published_at         timestamptz,
   -- A publisher that read a viewer before a reset must not publish over the restarted row: its
@@ -149,7 +154,7 @@ CREATE INDEX visibility_pending_idx ON buzz.visibility_state (viewer)
 -- follows its viewer's state row: deleting the state row (a reset) takes the outbox row with it,
 -- so no row is left behind that every publication answers 'stale' without clearing.
 CREATE TABLE buzz.visibility_outbox (
-  viewer       text PRIMARY KEY,
+  viewer       text COLLATE "C" PRIMARY KEY,
   generation   bigint NOT NULL,
   enqueued_at  timestamptz NOT NULL DEFAULT now(),
   available_at timestamptz NOT NULL DEFAULT now(),
@@ -174,7 +179,7 @@ CREATE INDEX visibility_outbox_available_idx ON buzz.visibility_outbox (availabl
 -- row inserted for that viewer later starts above it (0003_visibility's triggers), so generation
 -- numbers never repeat. One row per viewer ever reset.
 CREATE TABLE buzz.visibility_retired (
-  viewer     text   PRIMARY KEY,
+  viewer     text COLLATE "C" PRIMARY KEY,
   generation bigint NOT NULL
 );
 COMMENT ON TABLE buzz.visibility_retired IS
@@ -184,7 +189,7 @@ COMMENT ON TABLE buzz.visibility_retired IS
 -- triggers of members (had a DM hidden) and visibility_state (had a change pending), bumped and
 -- emptied by the first AFTER TRUNCATE trigger of the same statement.
 CREATE TABLE buzz.visibility_reset_pending (
-  viewer text PRIMARY KEY
+  viewer text COLLATE "C" PRIMARY KEY
 );
 COMMENT ON TABLE buzz.visibility_reset_pending IS
   'Viewers to bump once a TRUNCATE of buzz.members or buzz.visibility_state is done: filled by their BEFORE TRUNCATE triggers, emptied by the first AFTER TRUNCATE trigger of the same statement. Empty otherwise.';
@@ -194,9 +199,9 @@ COMMENT ON TABLE buzz.visibility_reset_pending IS
 -- lease_until), 'confirmed' (due signal emitted), 'cancelled' (superseded, deleted or expired).
 CREATE SEQUENCE buzz.reminder_stamp_seq;
 CREATE TABLE buzz.reminders (
-  id            text   PRIMARY KEY,     -- the 30300 event id (one version)
-  pubkey        text   NOT NULL,
-  d_tag         text   NOT NULL,
+  id            text COLLATE "C" PRIMARY KEY,     -- the 30300 event id (one version)
+  pubkey        text COLLATE "C" NOT NULL,
+  d_tag         text COLLATE "C" NOT NULL,
   created_at    bigint NOT NULL,
   not_before    bigint NOT NULL,
   expires_at    bigint,
