@@ -37,7 +37,9 @@ type pipeline struct {
 // limits, Go checks, the ephemeral dedupe): its OK only waits for its turn.
 type pipeItem struct {
 	ev      *nostr.Event
-	read    time.Time // when the read loop put it in the window
+	raw     []byte    // the event as accept_events takes it (undecided items)
+	key     string    // its lock key: the channel it names
+	read    time.Time // when the read loop put it in the window (store.Batcher: oldest first)
 	size    int
 	decided bool
 	ok      bool
@@ -57,12 +59,13 @@ func signal(ch chan struct{}) {
 
 // queueDecided puts an OK decided in the read loop in line behind the window's earlier EVENTs.
 func (c *conn) queueDecided(id string, ok bool, msg string) {
-	c.queueItem(&pipeItem{ev: &nostr.Event{ID: id}, size: len(id) + len(msg), decided: true, ok: ok, msg: msg})
+	c.queueItem(&pipeItem{ev: &nostr.Event{ID: id}, size: len(id) + len(msg), decided: true, ok: ok, msg: msg,
+		read: time.Now()})
 }
 
 // queueAccept puts a checked EVENT in the window, to be stored by the worker.
 func (c *conn) queueAccept(ev *nostr.Event, size int) {
-	c.queueItem(&pipeItem{ev: ev, size: size, read: time.Now()})
+	c.queueItem(&pipeItem{ev: ev, raw: eventJSON(ev), key: channelOf(ev), size: size, read: time.Now()})
 }
 
 // queueItem waits for room in the window (read loop only), then adds it. An empty window always
@@ -135,6 +138,21 @@ func (p *pipeline) head(max int) []*pipeItem {
 	return p.items[:n:n]
 }
 
+// after returns the items that follow the first n, up to room that need storing (decided ones
+// ride along), read by readBy.
+func (p *pipeline) after(n, room int, readBy time.Time) []*pipeItem {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	stored, end := 0, n
+	for end < len(p.items) && stored < room && !p.items[end].read.After(readBy) {
+		if !p.items[end].decided {
+			stored++
+		}
+		end++
+	}
+	return p.items[n:end:end]
+}
+
 // release drops the first n items, answered, from the window.
 func (p *pipeline) release(n int) {
 	p.mu.Lock()
@@ -162,35 +180,51 @@ func (c *conn) pipelineLoop() {
 			if len(group) == 0 {
 				break
 			}
-			if !c.acceptGroup(group) {
+			n, alive := c.acceptGroup(group)
+			if !alive {
 				return
 			}
-			p.release(len(group))
+			p.release(n)
 		}
 	}
 }
 
 // acceptGroup stores a group's undecided EVENTs in one AcceptGroup and answers every item in
-// order. It returns false when the connection ended meanwhile (nobody to answer).
-func (c *conn) acceptGroup(group []*pipeItem) (alive bool) {
+// order, with the items the group grew by while it waited for a call (store.Grow). It returns
+// how many items of the window it answered, and false when the connection ended meanwhile
+// (nobody to answer).
+func (c *conn) acceptGroup(group []*pipeItem) (answered int, alive bool) {
 	defer func() {
 		if r := recover(); r != nil {
 			c.log.Error("panic storing events", "panic", r, "stack", string(debug.Stack()))
 			c.notice("error: internal error")
-			alive = c.ctx.Err() == nil
+			answered, alive = len(group), c.ctx.Err() == nil
 		}
 	}()
-	var evs []*nostr.Event
+	var raws [][]byte
+	var keys []string
 	var since time.Time
 	for _, it := range group {
 		if !it.decided {
-			if len(evs) == 0 {
+			if len(raws) == 0 {
 				since = it.read
 			}
-			evs = append(evs, it.ev)
+			raws, keys = append(raws, it.raw), append(keys, it.key)
 		}
 	}
-	verdicts := c.s.acceptEvents(c.ctx, since, evs)
+	// Called by whichever goroutine runs the call, before the call, while this one waits for
+	// the verdicts: those arrive after it, so reading group below is ordered after this write.
+	grow := func(room int, readBy time.Time) (more [][]byte, moreKeys []string) {
+		next := c.pipe.after(len(group), room, readBy)
+		group = append(group[:len(group):len(group)], next...)
+		for _, it := range next {
+			if !it.decided {
+				more, moreKeys = append(more, it.raw), append(moreKeys, it.key)
+			}
+		}
+		return more, moreKeys
+	}
+	verdicts := c.s.acceptEvents(c.ctx, since, raws, keys, grow)
 	i := 0
 	for _, it := range group {
 		if it.decided {
@@ -201,7 +235,7 @@ func (c *conn) acceptGroup(group []*pipeItem) (alive bool) {
 		i++
 		if v.Err != nil {
 			if c.ctx.Err() != nil {
-				return false
+				return len(group), false
 			}
 			c.logAcceptError(it.ev, v.Err)
 			c.replyEvent(it.ev.ID, false, "error: could not store the event, try again later")
@@ -212,7 +246,7 @@ func (c *conn) acceptGroup(group []*pipeItem) (alive bool) {
 		}
 		c.replyEvent(it.ev.ID, v.OK, v.Msg)
 	}
-	return c.ctx.Err() == nil
+	return len(group), c.ctx.Err() == nil
 }
 
 // logAcceptError logs a failed acceptance: every event fails while the database is away, so one
@@ -225,19 +259,14 @@ func (c *conn) logAcceptError(ev *nostr.Event, err error) {
 }
 
 // acceptEvents stores one connection's events in their order (store.Batcher.AcceptGroup).
-func (s *Server) acceptEvents(ctx context.Context, since time.Time, evs []*nostr.Event) []store.Verdict {
-	if len(evs) == 0 {
+func (s *Server) acceptEvents(ctx context.Context, since time.Time, raws [][]byte, keys []string, grow store.Grow) []store.Verdict {
+	if len(raws) == 0 {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, acceptTimeout)
 	defer cancel()
-	raws := make([][]byte, len(evs))
-	keys := make([]string, len(evs))
-	for i, ev := range evs {
-		raws[i], keys[i] = eventJSON(ev), channelOf(ev)
-	}
 	start := time.Now()
-	out := s.batcher.AcceptGroup(ctx, since, raws, keys)
+	out := s.batcher.AcceptGroup(ctx, since, raws, keys, grow)
 	metrics.AcceptSeconds.Observe(time.Since(start).Seconds())
 	return out
 }

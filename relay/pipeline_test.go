@@ -129,3 +129,36 @@ func (c *client) sendNotes(sk string, n int) []nostr.Event {
 	}
 	return sent
 }
+
+// A group grows (store.Grow) by the window's next items in order, decided ones riding along, up
+// to room items to store, and never by one read after readBy.
+func TestPipelineAfterTakesTheNextItemsReadInTime(t *testing.T) {
+	t0 := time.Now()
+	p := newPipeline()
+	item := func(id string, decided bool, read time.Duration) *pipeItem {
+		return &pipeItem{ev: &nostr.Event{ID: id}, decided: decided, read: t0.Add(read)}
+	}
+	p.items = []*pipeItem{item("g", false, 0), item("a", false, 1), item("x", true, 2), item("b", false, 3),
+		item("c", false, 4), item("late", false, 10)}
+	ids := func(its []*pipeItem) (out []string) {
+		for _, it := range its {
+			out = append(out, it.ev.ID)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		room   int
+		readBy time.Duration
+		want   string
+	}{
+		{2, 9, "[a x b]"},
+		{5, 9, "[a x b c]"},
+		{5, 10, "[a x b c late]"},
+		{5, 2, "[a x]"},
+		{0, 9, "[]"},
+	} {
+		if got := fmt.Sprint(ids(p.after(1, tc.room, t0.Add(tc.readBy)))); got != tc.want {
+			t.Errorf("after(1, %d, t0+%v) = %s, want %s", tc.room, tc.readBy, got, tc.want)
+		}
+	}
+}

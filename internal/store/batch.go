@@ -75,6 +75,7 @@ type pendingAccept struct {
 	keys  []string
 	key   string    // lock order of the group: its smallest event key ("" for none)
 	since time.Time // when its oldest event was read: the queue runs oldest first
+	grow  Grow      // asked for more events when a call takes the group (nil: none)
 	taken bool      // in a batch: its owner waits for done and takes no slot (guarded by Batcher.mu)
 	done  chan []Verdict
 }
@@ -103,7 +104,7 @@ func NewBatcher(base context.Context, pool *pgxpool.Pool, maxEvents, inflight in
 // order, two such calls could each hold one DM and wait for the other's until the lock wait
 // bound sent both back to single events.
 func (b *Batcher) Accept(ctx context.Context, raw []byte, lockKey string) (ok bool, message string, err error) {
-	v := b.AcceptGroup(ctx, time.Now(), [][]byte{raw}, []string{lockKey})[0]
+	v := b.AcceptGroup(ctx, time.Now(), [][]byte{raw}, []string{lockKey}, nil)[0]
 	return v.OK, v.Msg, v.Err
 }
 
@@ -112,8 +113,9 @@ func (b *Batcher) Accept(ctx context.Context, raw []byte, lockKey string) (ok bo
 // more than the batch size go in consecutive calls, each after the previous one's verdicts.
 // keys are the events' lock keys (Accept). since is when the oldest of them was read: queued
 // groups are taken oldest first, so a group that waited behind its connection's previous one
-// (relay/pipeline.go) does not wait again behind groups read after it.
-func (b *Batcher) AcceptGroup(ctx context.Context, since time.Time, raws [][]byte, keys []string) []Verdict {
+// (relay/pipeline.go) does not wait again behind groups read after it. grow, when not nil, adds
+// events to the group's last call when a call takes it (Grow); their verdicts follow the others.
+func (b *Batcher) AcceptGroup(ctx context.Context, since time.Time, raws [][]byte, keys []string, grow Grow) []Verdict {
 	out := make([]Verdict, 0, len(raws))
 	for len(raws) > 0 {
 		n := min(len(raws), b.max)
@@ -121,20 +123,31 @@ func (b *Batcher) AcceptGroup(ctx context.Context, since time.Time, raws [][]byt
 			ok, msg, err := AcceptJSON(ctx, b.pool, raws[0])
 			out = append(out, Verdict{ok, msg, err})
 		} else {
-			out = append(out, b.acceptOne(ctx, since, raws[:n], keys[:n])...)
+			var last Grow
+			if n == len(raws) {
+				last = grow
+			}
+			out = append(out, b.acceptOne(ctx, since, raws[:n:n], keys[:n:n], last)...)
 		}
 		raws, keys = raws[n:], keys[n:]
 	}
 	return out
 }
 
+// Grow returns at most room more events of a group (and their lock keys), in their order after
+// the group's: the ones its connection read while the group waited for a call, up to readBy. It is called
+// with the batcher's lock held, when a call takes the group, so it must be quick. A group that
+// grows while it waits goes as one call where it would have gone as a small call and then,
+// after that call's commit, a second one.
+type Grow func(room int, readBy time.Time) (raws [][]byte, keys []string)
+
 // MaxGroup is the most events one call takes: a larger group goes in several calls.
 func (b *Batcher) MaxGroup() int { return b.max }
 
 // acceptOne queues one group of at most b.max events and waits for its verdicts, running calls
 // itself while it waits and one may start (mayStart).
-func (b *Batcher) acceptOne(ctx context.Context, since time.Time, raws [][]byte, keys []string) []Verdict {
-	p := &pendingAccept{ctx: ctx, raws: raws, keys: keys, key: slices.Min(keys), since: since,
+func (b *Batcher) acceptOne(ctx context.Context, since time.Time, raws [][]byte, keys []string, grow Grow) []Verdict {
+	p := &pendingAccept{ctx: ctx, raws: raws, keys: keys, key: slices.Min(keys), since: since, grow: grow,
 		done: make(chan []Verdict, 1)}
 	b.mu.Lock()
 	b.enqueueLocked(p)
@@ -161,7 +174,10 @@ func (b *Batcher) acceptOne(ctx context.Context, since time.Time, raws [][]byte,
 			return v
 		case <-ctx.Done():
 			// Still queued: the next runner drops it. Taken: its verdict is dropped.
-			return same(len(raws), Verdict{Err: ctx.Err()})
+			b.mu.Lock()
+			n := len(p.raws) // grown, if taken
+			b.mu.Unlock()
+			return same(n, Verdict{Err: ctx.Err()})
 		case <-changed:
 		}
 	}
@@ -213,7 +229,7 @@ func same(n int, v Verdict) []Verdict {
 
 // take removes whole groups from the queue's head, up to b.max events whose owners still wait,
 // and marks them taken. It stops at the first group that does not fit, so groups keep their
-// arrival order across calls.
+// order across calls. Then the taken groups may grow into the room left (Grow).
 func (b *Batcher) take() []*pendingAccept {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -241,6 +257,20 @@ func (b *Batcher) take() []*pendingAccept {
 	b.queue = b.queue[n:]
 	if len(b.queue) == 0 {
 		b.queue = nil // let the backing array go
+	}
+	// Grown events were read after the group's own: none jumps a group still queued that was read
+	// before it.
+	readBy := time.Now()
+	if len(b.queue) > 0 {
+		readBy = b.queue[0].since
+	}
+	for _, p := range batch {
+		if p.grow != nil && events < b.max {
+			raws, keys := p.grow(b.max-events, readBy)
+			p.raws, p.keys = append(p.raws, raws...), append(p.keys, keys...)
+			p.key = slices.Min(p.keys)
+			events += len(raws)
+		}
 	}
 	return batch
 }

@@ -25,7 +25,7 @@ func (h *heldBatcher) sendGroupReadAt(since time.Time, evs []*nostr.Event, keys 
 		raws[i], _ = json.Marshal(ev)
 	}
 	out := make(chan []store.Verdict, 1)
-	go func() { out <- h.AcceptGroup(context.Background(), since, raws, keys) }()
+	go func() { out <- h.AcceptGroup(context.Background(), since, raws, keys, nil) }()
 	return out
 }
 
@@ -110,5 +110,85 @@ func TestBatcherFallbackKeepsAGroupInOrder(t *testing.T) {
 		if !v.OK || v.Msg != "" || v.Err != nil {
 			t.Fatalf("group event %d: %+v", i, v)
 		}
+	}
+}
+
+// sendGrowing starts one AcceptGroup whose Grow hands over more, once: the events its connection
+// read meanwhile. It records the room and readBy it was asked with.
+func (h *heldBatcher) sendGrowing(since time.Time, evs, more []*nostr.Event) (<-chan []store.Verdict, func() (int, time.Time)) {
+	raws := make([][]byte, len(evs))
+	for i, ev := range evs {
+		raws[i], _ = json.Marshal(ev)
+	}
+	var room int
+	var readBy time.Time
+	grow := func(r int, by time.Time) ([][]byte, []string) {
+		room, readBy = r, by
+		var out [][]byte
+		for _, ev := range more[:min(r, len(more))] {
+			raw, _ := json.Marshal(ev)
+			out = append(out, raw)
+		}
+		more = nil
+		return out, make([]string, len(out))
+	}
+	out := make(chan []store.Verdict, 1)
+	go func() { out <- h.AcceptGroup(context.Background(), since, raws, make([]string, len(evs)), grow) }()
+	return out, func() (int, time.Time) { return room, readBy }
+}
+
+// A group that waited for a call takes along, in the same call and after its own events, what its
+// connection read meanwhile: one call where there would have been two, the second only after the
+// first's commit.
+func TestBatcherGrowsAGroupWhenACallTakesIt(t *testing.T) {
+	url := testenv.FreshDB(t)
+	h := newHeldBatcherOf(t, url, 4, 1)
+	u := testenv.NewUser()
+	first := h.hold(u)
+	a, b, c, d := u.Event(t, 1, nil, "a"), u.Event(t, 1, nil, "b"), u.Event(t, 1, nil, "c"), u.Event(t, 1, nil, "d")
+	group, asked := h.sendGrowing(time.Now(), []*nostr.Event{a}, []*nostr.Event{b, c, d})
+	h.waitQueued(1)
+	close(h.release)
+	wait(t, first, "first")
+	verdicts := wait(t, group, "grown group")
+	if len(verdicts) != 4 {
+		t.Fatalf("%d verdicts, want 4 (the group and the 3 events it grew by)", len(verdicts))
+	}
+	for i, v := range verdicts {
+		if !v.OK || v.Msg != "" || v.Err != nil {
+			t.Fatalf("event %d: %+v", i, v)
+		}
+	}
+	if room, _ := asked(); room != 3 {
+		t.Fatalf("grow asked for %d, want the call's room: 3", room)
+	}
+	if sizes := h.callSizes(); !slices.Equal(sizes, []int{1, 4}) {
+		t.Fatalf("calls of %v events, want [1 4]", sizes)
+	}
+	if n := storedCount(t, url, a.ID, b.ID, c.ID, d.ID); n != 4 {
+		t.Fatalf("%d of 4 stored", n)
+	}
+}
+
+// A group grows only by events read before the oldest group left in the queue: the room left in
+// a call does not let one connection's newer events jump another connection's older ones.
+func TestBatcherGrowsAGroupOnlyByEventsOlderThanTheQueue(t *testing.T) {
+	url := testenv.FreshDB(t)
+	h := newHeldBatcherOf(t, url, 3, 1)
+	u := testenv.NewUser()
+	first := h.hold(u)
+	t0 := time.Now().Add(-time.Minute)
+	x, asked := h.sendGrowing(t0, []*nostr.Event{u.Event(t, 1, nil, "x")}, nil)
+	h.waitQueued(1)
+	y := h.sendGroupReadAt(t0.Add(time.Second), []*nostr.Event{u.Event(t, 1, nil, "y1"), u.Event(t, 1, nil, "y2"),
+		u.Event(t, 1, nil, "y3")}, []string{"", "", ""})
+	h.waitQueued(4)
+	close(h.release)
+	wait(t, first, "first")
+	wait(t, x, "x")
+	wait(t, y, "y")
+	if room, readBy := asked(); room != 2 || !readBy.Equal(t0.Add(time.Second)) {
+		t.Fatalf("grow asked for %d events read by %v, want 2 read by %v (the queued group's first read)",
+			room, readBy, t0.Add(time.Second))
 	}
 }
