@@ -28,6 +28,7 @@ FUZZTIME ?= 15000x
 all: build
 
 $(BIN) build:
+	$(if $(SECP),,@echo "make: no libsecp256k1 headers or no cgo: signatures checked in pure Go, about 3x the relay's CPU per event (apt-get install libsecp256k1-dev gcc)" >&2)
 	$(GO) build -tags '$(TAGS)' -o $(BIN) ./cmd/buzzpg
 
 $(TEST_BIN): FORCE

@@ -7,6 +7,9 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 )
 
+// SignatureVerifier names what checks signatures in this build (logged at start-up).
+const SignatureVerifier = "pure Go (btcec): about 3x the CPU of libsecp256k1; build with its headers installed"
+
 // verifySignature reports whether ev.Sig is ev.PubKey's BIP-340 signature of ev.ID, in pure Go
 // (builds with libsecp256k1 use signature_secp.go, several times faster). As there, the caller has
 // checked that the id hashes the event.

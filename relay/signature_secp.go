@@ -17,6 +17,9 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 )
 
+// SignatureVerifier names what checks signatures in this build (logged at start-up).
+const SignatureVerifier = "libsecp256k1"
+
 // verifyCtx is libsecp256k1's context for verification; read-only once made, so shared.
 var verifyCtx = C.secp256k1_context_create(C.SECP256K1_CONTEXT_VERIFY)
 

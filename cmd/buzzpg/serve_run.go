@@ -9,6 +9,7 @@ import (
 	"github.com/buzzpg/buzzpg/internal/hooks"
 	"github.com/buzzpg/buzzpg/internal/metrics"
 	"github.com/buzzpg/buzzpg/internal/store"
+	"github.com/buzzpg/buzzpg/relay"
 )
 
 // run starts the components and the client listener, and returns when ctx ends (nil) or a
@@ -24,7 +25,8 @@ func (s *server) run() error {
 		metrics.RegisterFanout(s.fanout.Ready, s.fanout.Lag)
 	}
 	s.serving = true
-	s.log.Info("listening", "addr", s.addr, "relay_url", s.cfg.RelayURL, "relay_pubkey", s.pk, "relay", !s.cfg.NoRelay)
+	s.log.Info("listening", "addr", s.addr, "relay_url", s.cfg.RelayURL, "relay_pubkey", s.pk, "relay", !s.cfg.NoRelay,
+		"signatures", relay.SignatureVerifier)
 	select {
 	case <-s.ctx.Done():
 		return nil
