@@ -2,6 +2,7 @@ package fanout
 
 import (
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -12,6 +13,10 @@ import (
 
 // handle decodes one pgoutput message.
 func (f *Fanout) handle(s *session, data []byte) error {
+	if len(data) > 0 && data[0] == byte(pglogrepl.MessageTypeInsert) {
+		// The bulk of the stream: parsed in place (parseInsert), and only if not skipped.
+		return f.change(s, func() error { return f.handleInsert(s, data) })
+	}
 	m, err := pglogrepl.Parse(data)
 	if err != nil {
 		return fmt.Errorf("pgoutput: %w", err)
@@ -23,21 +28,27 @@ func (f *Fanout) handle(s *session, data []byte) error {
 		f.begin(s, m)
 	case *pglogrepl.CommitMessage:
 		f.commit(s, m)
-	case *pglogrepl.InsertMessage, *pglogrepl.UpdateMessage, *pglogrepl.DeleteMessage,
-		*pglogrepl.TruncateMessage, *pglogrepl.LogicalDecodingMessage:
-		if !s.inTxn {
-			return f.handleChange(s, m) // a non-transactional message, placed by its own LSN
-		}
-		// Every change counts, whatever becomes of it, so positions match on a resend; Relation
-		// and Type messages do not, as a new session sends them again before first use.
-		if s.skipTxn || f.handedBefore(s) {
-			return nil
-		}
-		if err := f.handleChange(s, m); err != nil {
-			return err
-		}
-		f.handedChange(s)
+	case *pglogrepl.UpdateMessage, *pglogrepl.DeleteMessage, *pglogrepl.TruncateMessage,
+		*pglogrepl.LogicalDecodingMessage:
+		return f.change(s, func() error { return f.handleChange(s, m) })
 	}
+	return nil
+}
+
+// change hands one change over with handle, unless it was handed over before.
+func (f *Fanout) change(s *session, handle func() error) error {
+	if !s.inTxn {
+		return handle() // a non-transactional message, placed by its own LSN
+	}
+	// Every change counts, whatever becomes of it, so positions match on a resend; Relation
+	// and Type messages do not, as a new session sends them again before first use.
+	if s.skipTxn || f.handedBefore(s) {
+		return nil
+	}
+	if err := handle(); err != nil {
+		return err
+	}
+	f.handedChange(s)
 	return nil
 }
 
@@ -71,25 +82,35 @@ func (f *Fanout) commit(s *session, m *pglogrepl.CommitMessage) {
 	s.skipTxn = false
 }
 
-// handleChange hands a row or a logical message to the sink.
+// handleInsert hands a buzz.events row to the sink.
+func (f *Fanout) handleInsert(s *session, data []byte) error {
+	relID, cols, err := parseInsert(data, s.cols)
+	s.cols = cols
+	if err != nil {
+		return err
+	}
+	r := s.rels[relID]
+	if r == nil {
+		return fmt.Errorf("pgoutput: insert into unknown relation %d", relID)
+	}
+	if r.schema != "buzz" || r.table != "events" {
+		return nil // the publication may grow; we only fan out events
+	}
+	d, err := decodeRow(r, cols)
+	if err != nil {
+		// One undecodable row must not stop fan-out for everyone: log it and go on.
+		f.log.Error("fan-out cannot decode an events row; skipped", "err", err)
+		return nil
+	}
+	d.Xid, d.CommitLSN = s.xid, uint64(s.finalLSN)
+	f.deliverEvent(d, s.finalLSN)
+	return nil
+}
+
+// handleChange hands a logical message to the sink (updates, deletes and truncates are not
+// fanned out).
 func (f *Fanout) handleChange(s *session, m pglogrepl.Message) error {
 	switch m := m.(type) {
-	case *pglogrepl.InsertMessage:
-		r := s.rels[m.RelationID]
-		if r == nil {
-			return fmt.Errorf("pgoutput: insert into unknown relation %d", m.RelationID)
-		}
-		if r.schema != "buzz" || r.table != "events" {
-			return nil // the publication may grow; we only fan out events
-		}
-		d, err := decodeRow(r, m.Tuple)
-		if err != nil {
-			// One undecodable row must not stop fan-out for everyone: log it and go on.
-			f.log.Error("fan-out cannot decode an events row; skipped", "err", err)
-			return nil
-		}
-		d.Xid, d.CommitLSN = s.xid, uint64(s.finalLSN)
-		f.deliverEvent(d, s.finalLSN)
 	case *pglogrepl.LogicalDecodingMessage:
 		f.handleMessage(s, m)
 	}
@@ -157,9 +178,9 @@ func (f *Fanout) deliverEvent(d evt.Delivery, at pglogrepl.LSN) {
 		return
 	}
 	f.sink.DeliverEvent(d)
-	source := "insert"
+	source := deliveredInsert
 	if d.Event.Kind >= 20000 && d.Event.Kind < 30000 {
-		source = "ephemeral"
+		source = deliveredEphemeral
 	}
 	f.delivered(source)
 }
@@ -170,20 +191,27 @@ func (f *Fanout) deliverDue(d evt.Due, at pglogrepl.LSN) {
 		return
 	}
 	f.sink.DeliverDue(d)
-	f.delivered("due")
+	f.delivered(deliveredDue)
 }
 
 // firstTime reports whether the delivery key of transaction at was not handed over before.
 func (f *Fanout) firstTime(at pglogrepl.LSN, key string) bool {
-	if !f.seen.add(at.String() + "/" + key) {
+	if !f.seen.add(deliveryKey{uint64(at), key}) {
 		f.skippedDup.Add(1)
 		return false
 	}
 	return true
 }
 
-// delivered counts a hand-off; source labels it for /metrics.
-func (f *Fanout) delivered(source string) {
+// The delivered counters by source, looked up once rather than per event.
+var (
+	deliveredInsert    = metrics.FanoutDelivered.WithLabelValues("insert")
+	deliveredEphemeral = metrics.FanoutDelivered.WithLabelValues("ephemeral")
+	deliveredDue       = metrics.FanoutDelivered.WithLabelValues("due")
+)
+
+// delivered counts a hand-off in source's counter (/metrics).
+func (f *Fanout) delivered(source prometheus.Counter) {
 	f.deliveredN.Add(1)
-	metrics.FanoutDelivered.WithLabelValues(source).Inc()
+	source.Inc()
 }

@@ -1,6 +1,7 @@
 package fanout
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -109,19 +110,18 @@ func TestDecodeRowFailsClosedOnScope(t *testing.T) {
 		rel.Columns = append(rel.Columns, &pglogrepl.RelationMessageColumn{Name: c})
 	}
 	r := newRelation(rel)
-	row := func(scope *string) *pglogrepl.TupleData {
+	row := func(scope *string) []column {
 		vals := []string{strings.Repeat("a", 64), strings.Repeat("b", 64), "1700000000", "1", "[]", "hi", strings.Repeat("c", 128)}
-		td := &pglogrepl.TupleData{}
+		var cols []column
 		for _, v := range vals {
-			td.Columns = append(td.Columns, &pglogrepl.TupleDataColumn{DataType: 't', Data: []byte(v)})
+			cols = append(cols, column{data: []byte(v)})
 		}
 		if scope == nil {
-			td.Columns = append(td.Columns, &pglogrepl.TupleDataColumn{DataType: 'n'})
+			cols = append(cols, column{null: true})
 		} else {
-			td.Columns = append(td.Columns, &pglogrepl.TupleDataColumn{DataType: 't', Data: []byte(*scope)})
+			cols = append(cols, column{data: []byte(*scope)})
 		}
-		td.Columns = append(td.Columns, &pglogrepl.TupleDataColumn{DataType: 'n'}, &pglogrepl.TupleDataColumn{DataType: 'n'})
-		return td
+		return append(cols, column{null: true}, column{null: true})
 	}
 	str := func(s string) *string { return &s }
 	if d, err := decodeRow(r, row(str("*"))); err != nil || d.Scope.Kind != evt.ScopePublic {
@@ -150,5 +150,54 @@ func TestDecodeMembersMessage(t *testing.T) {
 	}
 	if _, ok, err := decodeMessage([]byte(`{"t":"members","channels":[]}`)); err == nil || ok {
 		t.Fatalf("a members message naming nothing: ok=%v err=%v, want an error", ok, err)
+	}
+}
+
+// insertMessage is a pgoutput Insert message: relation OID, then a new tuple of vals, where nil is
+// NULL and "\x00u" an unchanged TOAST value.
+func insertMessage(relID uint32, vals []*string) []byte {
+	m := []byte{'I'}
+	m = binary.BigEndian.AppendUint32(m, relID)
+	m = append(m, 'N')
+	m = binary.BigEndian.AppendUint16(m, uint16(len(vals)))
+	for _, v := range vals {
+		switch {
+		case v == nil:
+			m = append(m, 'n')
+		case *v == "\x00u":
+			m = append(m, 'u')
+		default:
+			m = append(m, 't')
+			m = binary.BigEndian.AppendUint32(m, uint32(len(*v)))
+			m = append(m, *v...)
+		}
+	}
+	return m
+}
+
+// parseInsert reads what pglogrepl.Parse reads, without copying; a message cut anywhere is an
+// error, never a panic or a value read past its end.
+func TestParseInsertAgreesWithPglogrepl(t *testing.T) {
+	str := func(s string) *string { return &s }
+	msg := insertMessage(16384, []*string{str("abc"), nil, str(""), str("\x00u"), str(strings.Repeat("x", 300))})
+	want, err := pglogrepl.Parse(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ins := want.(*pglogrepl.InsertMessage)
+	relID, cols, err := parseInsert(msg, nil)
+	if err != nil || relID != ins.RelationID || len(cols) != len(ins.Tuple.Columns) {
+		t.Fatalf("parseInsert: rel %d, %d columns, %v; pglogrepl: rel %d, %d columns", relID, len(cols), err,
+			ins.RelationID, len(ins.Tuple.Columns))
+	}
+	for i, c := range ins.Tuple.Columns {
+		if isText := c.DataType == pglogrepl.TupleDataTypeText; cols[i].null == isText || string(cols[i].data) != string(c.Data) {
+			t.Errorf("column %d: %+v, pglogrepl %q %q", i, cols[i], c.DataType, c.Data)
+		}
+	}
+	for cut := range len(msg) {
+		if _, _, err := parseInsert(msg[:cut], cols); err == nil {
+			t.Errorf("message cut at %d of %d parsed", cut, len(msg))
+		}
 	}
 }

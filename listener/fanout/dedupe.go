@@ -21,21 +21,28 @@ func dueKey(d evt.Due) string {
 // a single transaction may hold far more than n, which is why the count, not this window, guards
 // a transaction resent after a break.
 type recentKeys struct {
-	ring []string
+	ring []deliveryKey
 	next int
-	set  map[string]struct{}
+	set  map[deliveryKey]struct{}
+}
+
+// deliveryKey is one delivery: the transaction's commit position (or a non-transactional
+// message's own) and the event's key (dueKey). Comparable, so no string is built per event.
+type deliveryKey struct {
+	at  uint64
+	key string
 }
 
 func newRecentKeys(n int) *recentKeys {
-	return &recentKeys{ring: make([]string, n), set: make(map[string]struct{}, n)}
+	return &recentKeys{ring: make([]deliveryKey, n), set: make(map[deliveryKey]struct{}, n)}
 }
 
 // add records key and reports whether it was new.
-func (r *recentKeys) add(key string) bool {
+func (r *recentKeys) add(key deliveryKey) bool {
 	if _, ok := r.set[key]; ok {
 		return false
 	}
-	if old := r.ring[r.next]; old != "" {
+	if old := r.ring[r.next]; old.key != "" {
 		delete(r.set, old)
 	}
 	r.ring[r.next] = key

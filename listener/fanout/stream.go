@@ -23,6 +23,7 @@ type session struct {
 	finalLSN   pglogrepl.LSN // of the transaction being decoded: with the id, the de-dup key
 	xid        uint32        // of the transaction being decoded
 	pos        int           // changes of that transaction received in this session
+	cols       []column      // parseInsert's scratch
 }
 
 // stream runs one replication session: make sure the slot exists, attach, and hand everything to
