@@ -85,6 +85,23 @@ func channelOf(ev *nostr.Event) string {
 	return ""
 }
 
+// setBased guesses whether accept_events stores ev set-based (buzz.plain_events, sql/0002_accept):
+// a regular kind without side effects, no h tag, no expiration tag and no empty tag. It errs only
+// towards false, so calls sized by it keep their subtransactions within bounds
+// (store.Group.Special). The relay already refused a created_at too far ahead.
+func setBased(ev *nostr.Event) bool {
+	switch k := ev.Kind; {
+	case k == 0, k == 3, k == 5, k == 1059, k >= 41010 && k <= 41012, k >= 10000 && k < 40000:
+		return false
+	}
+	for _, t := range ev.Tags {
+		if len(t) == 0 || t[0] == "h" || t[0] == "expiration" {
+			return false
+		}
+	}
+	return true
+}
+
 // checkShapeAndSignature checks what every signed event needs: hex fields of the right length,
 // a kind in range, the id hashing the content (CheckSignature does not look at the id) and the
 // signature. Cheap checks run first; CheckID would panic on a short id.

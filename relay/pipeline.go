@@ -39,6 +39,7 @@ type pipeItem struct {
 	ev      *nostr.Event
 	raw     []byte    // the event as accept_events takes it (undecided items)
 	key     string    // its lock key: the channel it names
+	special bool      // not stored set-based (store.Group.Special)
 	read    time.Time // when the read loop put it in the window (store.Batcher: oldest first)
 	size    int
 	decided bool
@@ -65,7 +66,8 @@ func (c *conn) queueDecided(id string, ok bool, msg string) {
 
 // queueAccept puts a checked EVENT in the window, to be stored by the worker.
 func (c *conn) queueAccept(ev *nostr.Event, size int) {
-	c.queueItem(&pipeItem{ev: ev, raw: eventJSON(ev), key: channelOf(ev), size: size, read: time.Now()})
+	c.queueItem(&pipeItem{ev: ev, raw: eventJSON(ev), key: channelOf(ev), special: !setBased(ev), size: size,
+		read: time.Now()})
 }
 
 // queueItem waits for room in the window (read loop only), then adds it. An empty window always
@@ -138,15 +140,15 @@ func (p *pipeline) head(max int) []*pipeItem {
 	return p.items[:n:n]
 }
 
-// after returns the items that follow the first n, up to room that need storing (decided ones
-// ride along), read by readBy.
-func (p *pipeline) after(n, room int, readBy time.Time) []*pipeItem {
+// after returns the items that follow the first n, read by readBy, as long as fit takes those
+// that need storing (store.Grow; decided ones ride along).
+func (p *pipeline) after(n int, fit func(special bool) bool, readBy time.Time) []*pipeItem {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	stored, end := 0, n
-	for end < len(p.items) && stored < room && !p.items[end].read.After(readBy) {
-		if !p.items[end].decided {
-			stored++
+	end := n
+	for end < len(p.items) && !p.items[end].read.After(readBy) {
+		if it := p.items[end]; !it.decided && !fit(it.special) {
+			break
 		}
 		end++
 	}
@@ -201,30 +203,34 @@ func (c *conn) acceptGroup(group []*pipeItem) (answered int, alive bool) {
 			answered, alive = len(group), c.ctx.Err() == nil
 		}
 	}()
-	var raws [][]byte
-	var keys []string
-	var since time.Time
+	var g store.Group
 	for _, it := range group {
 		if !it.decided {
-			if len(raws) == 0 {
-				since = it.read
+			if len(g.Raws) == 0 {
+				g.Since = it.read
 			}
-			raws, keys = append(raws, it.raw), append(keys, it.key)
+			g.Raws, g.Keys = append(g.Raws, it.raw), append(g.Keys, it.key)
+			if it.special {
+				g.Special++
+			}
 		}
 	}
 	// Called by whichever goroutine runs the call, before the call, while this one waits for
 	// the verdicts: those arrive after it, so reading group below is ordered after this write.
-	grow := func(room int, readBy time.Time) (more [][]byte, moreKeys []string) {
-		next := c.pipe.after(len(group), room, readBy)
+	g.Grow = func(fit func(special bool) bool, readBy time.Time) (more [][]byte, moreKeys []string, special int) {
+		next := c.pipe.after(len(group), fit, readBy)
 		group = append(group[:len(group):len(group)], next...)
 		for _, it := range next {
 			if !it.decided {
 				more, moreKeys = append(more, it.raw), append(moreKeys, it.key)
+				if it.special {
+					special++
+				}
 			}
 		}
-		return more, moreKeys
+		return more, moreKeys, special
 	}
-	verdicts := c.s.acceptEvents(c.ctx, since, raws, keys, grow)
+	verdicts := c.s.acceptEvents(c.ctx, g)
 	i := 0
 	for _, it := range group {
 		if it.decided {
@@ -259,14 +265,14 @@ func (c *conn) logAcceptError(ev *nostr.Event, err error) {
 }
 
 // acceptEvents stores one connection's events in their order (store.Batcher.AcceptGroup).
-func (s *Server) acceptEvents(ctx context.Context, since time.Time, raws [][]byte, keys []string, grow store.Grow) []store.Verdict {
-	if len(raws) == 0 {
+func (s *Server) acceptEvents(ctx context.Context, g store.Group) []store.Verdict {
+	if len(g.Raws) == 0 {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, acceptTimeout)
 	defer cancel()
 	start := time.Now()
-	out := s.batcher.AcceptGroup(ctx, since, raws, keys, grow)
+	out := s.batcher.AcceptGroup(ctx, g)
 	metrics.AcceptSeconds.Observe(time.Since(start).Seconds())
 	return out
 }

@@ -3,7 +3,7 @@ package tests
 // buzz.accept_events (sql/0002_accept.up.sql) accepts several events in one transaction, each as accept_event
 // in its own subtransaction. What the batch must not change: the durability of a stored event
 // (an ephemeral event turns synchronous_commit off for its transaction), the session's own
-// lock_timeout, and PostgreSQL's subtransaction cache (at most 60 events).
+// lock_timeout, and PostgreSQL's subtransaction cache (at most 60 subtransactions).
 
 import (
 	"context"
@@ -99,16 +99,24 @@ func TestAcceptEventsRefusesBadCalls(t *testing.T) {
 	url := testenv.FreshDB(t)
 	pool := testenv.Pool(t, url)
 	u := testenv.NewUser()
-	var many []*nostr.Event
-	for range 61 {
+	var many, lists, mixed []*nostr.Event
+	for i := range 121 {
 		many = append(many, u.Event(t, 1, nil, ""))
+		if i < 61 {
+			lists = append(lists, u.Event(t, 10002, nil, "")) // replaceable: each stored alone
+		}
+		if i < 62 {
+			mixed = append(mixed, u.Event(t, []int{1, 10002}[i%2], nil, ""))
+		}
 	}
 	for _, tc := range []struct {
 		name, evs string
 		lockWait  int
 		want      string
 	}{
-		{"61 events", batchJSON(t, many...), 0, "invalid: at most 60 events per accept_events call"},
+		{"121 events", batchJSON(t, many...), 0, "invalid: at most 120 events per accept_events call"},
+		{"61 events stored alone", batchJSON(t, lists...), 0, "invalid: more than 60 subtransactions"},
+		{"31 runs and 31 events alone", batchJSON(t, mixed...), 0, "invalid: more than 60 subtransactions"},
 		{"not an array", `{"kind":1}`, 0, "invalid: accept_events takes a JSON array of events"},
 		{"negative lock wait", batchJSON(t, many[0]), -1, "invalid: lock_wait_ms must be 0"},
 	} {

@@ -155,7 +155,7 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	fs.Int64Var(&c.MaxFutureSeconds, "max-future-seconds", int64(envInt("BUZZ_MAX_FUTURE_SECONDS", 900)), "how far ahead of now created_at may be (BUZZ_MAX_FUTURE_SECONDS)")
 	fs.IntVar(&c.AcceptConns, "accept-conns", envInt("BUZZ_ACCEPT_CONNS", 16), "PostgreSQL connections for accept_event (BUZZ_ACCEPT_CONNS)")
 	fs.IntVar(&c.AcceptConnsMin, "accept-conns-min", envInt("BUZZ_ACCEPT_CONNS_MIN", 8), "accept_event connections opened and warmed before serving, and kept open (BUZZ_ACCEPT_CONNS_MIN)")
-	fs.IntVar(&c.AcceptBatch, "accept-batch", envInt("BUZZ_ACCEPT_BATCH", 60), "most EVENTs stored in one transaction when events arrive faster than they are stored, 1 to 60; 1 stores each alone (BUZZ_ACCEPT_BATCH)")
+	fs.IntVar(&c.AcceptBatch, "accept-batch", envInt("BUZZ_ACCEPT_BATCH", 120), "most EVENTs stored in one transaction when events arrive faster than they are stored, 1 to 120 (past 60 only while most are stored set-based); 1 stores each alone (BUZZ_ACCEPT_BATCH)")
 	fs.IntVar(&c.EventWindow, "event-window", envInt("BUZZ_EVENT_WINDOW", 64), "EVENTs one connection may have in flight (read, not yet answered); 1 answers each before reading the next (BUZZ_EVENT_WINDOW)")
 	fs.IntVar(&c.AcceptBatchCalls, "accept-batch-calls", envInt("BUZZ_ACCEPT_BATCH_CALLS", 3), "most accept_events calls in flight at once, past the first only while a full batch waits; events arriving meanwhile wait and go together in the next (BUZZ_ACCEPT_BATCH_CALLS)")
 	fs.IntVar(&c.QueryConns, "query-conns", envInt("BUZZ_QUERY_CONNS", 8), "PostgreSQL connections for REQ/COUNT (BUZZ_QUERY_CONNS)")

@@ -54,7 +54,7 @@ func TestServeEnvironmentIsParsedStrictly(t *testing.T) {
 		{"BUZZ_ACCEPT_CONNS", "-1"},
 		{"BUZZ_QUERY_CONNS", "0"},
 		{"BUZZ_ACCEPT_BATCH", "0"},
-		{"BUZZ_ACCEPT_BATCH", "61"}, // one subtransaction per event: past 64 every snapshot slows
+		{"BUZZ_ACCEPT_BATCH", "121"}, // accept_events takes at most 120
 		{"BUZZ_ACCEPT_BATCH_CALLS", "0"},
 		{"BUZZ_ACCEPT_BATCH_CALLS", "17"}, // more than BUZZ_ACCEPT_CONNS' default
 		{"BUZZ_MAX_CONNS", "0"},

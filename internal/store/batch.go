@@ -17,9 +17,14 @@ import (
 	"github.com/buzzpg/buzzpg/internal/metrics"
 )
 
-// MaxBatch is the most events one buzz.accept_events call takes (sql/0002_accept.up.sql: one
-// subtransaction each, and PostgreSQL caches 64 subtransaction ids per backend).
-const MaxBatch = 60
+// MaxBatch is the most events one buzz.accept_events call takes (sql/0002_accept.up.sql). A call
+// of more than maxSubtransactions events must also keep its subtransactions within that bound.
+const MaxBatch = 120
+
+// maxSubtransactions bounds the subtransactions of one call: accept_events runs each event that
+// is not stored set-based in one, and each run of set-based events in one. PostgreSQL caches 64
+// subtransaction ids per backend; past them every snapshot taken meanwhile gets slower.
+const maxSubtransactions = 60
 
 // BatchLockWait bounds every lock wait of a call made while holding a batch slot. A call that
 // waits longer (a lock held by an operator's open transaction, two batches locking the same rows
@@ -53,11 +58,12 @@ type Batcher struct {
 	inflight int
 	timeout  time.Duration
 
-	mu      sync.Mutex
-	queue   []*pendingAccept
-	queued  int           // events in queue
-	running int           // calls in flight
-	changed chan struct{} // closed (and replaced) when a call may start that could not before
+	mu            sync.Mutex
+	queue         []*pendingAccept
+	queued        int           // events in queue
+	queuedSpecial int           // of them, special (Group.Special)
+	running       int           // calls in flight
+	changed       chan struct{} // closed (and replaced) when a call may start that could not before
 
 	// onBatch, when set (in-package tests), is called with each call's lock keys, in the call's
 	// order, before it runs, holding the slot: a test can stop a call there and let events queue
@@ -70,14 +76,15 @@ type Batcher struct {
 // within a call, so an event sits after every earlier event of its connection in the same
 // transaction (a DM open and the DM's first message, sent without waiting).
 type pendingAccept struct {
-	ctx   context.Context
-	raws  [][]byte
-	keys  []string
-	key   string    // lock order of the group: its smallest event key ("" for none)
-	since time.Time // when its oldest event was read: the queue runs oldest first
-	grow  Grow      // asked for more events when a call takes the group (nil: none)
-	taken bool      // in a batch: its owner waits for done and takes no slot (guarded by Batcher.mu)
-	done  chan []Verdict
+	ctx     context.Context
+	raws    [][]byte
+	keys    []string
+	special int       // events that will not be stored set-based (Group.Special)
+	key     string    // lock order of the group: its smallest event key ("" for none)
+	since   time.Time // when its oldest event was read: the queue runs oldest first
+	grow    Grow      // asked for more events when a call takes the group (nil: none)
+	taken   bool      // in a batch: its owner waits for done and takes no slot (guarded by Batcher.mu)
+	done    chan []Verdict
 }
 
 // Verdict is one event's outcome, as AcceptJSON returns it.
@@ -104,54 +111,73 @@ func NewBatcher(base context.Context, pool *pgxpool.Pool, maxEvents, inflight in
 // order, two such calls could each hold one DM and wait for the other's until the lock wait
 // bound sent both back to single events.
 func (b *Batcher) Accept(ctx context.Context, raw []byte, lockKey string) (ok bool, message string, err error) {
-	v := b.AcceptGroup(ctx, time.Now(), [][]byte{raw}, []string{lockKey}, nil)[0]
+	v := b.AcceptGroup(ctx, Group{Since: time.Now(), Raws: [][]byte{raw}, Keys: []string{lockKey}, Special: 1})[0]
 	return v.OK, v.Msg, v.Err
 }
 
-// AcceptGroup stores events in their order and returns their verdicts, in that order: each is
-// stored after every earlier one has committed, or after it in the same transaction. Groups of
-// more than the batch size go in consecutive calls, each after the previous one's verdicts.
-// keys are the events' lock keys (Accept). since is when the oldest of them was read: queued
-// groups are taken oldest first, so a group that waited behind its connection's previous one
-// (relay/pipeline.go) does not wait again behind groups read after it. grow, when not nil, adds
-// events to the group's last call when a call takes it (Grow); their verdicts follow the others.
-func (b *Batcher) AcceptGroup(ctx context.Context, since time.Time, raws [][]byte, keys []string, grow Grow) []Verdict {
+// Group is one connection's events, stored in their order (AcceptGroup).
+type Group struct {
+	// Since is when the oldest event was read: queued groups are taken oldest first, so a group
+	// that waited behind its connection's previous one (relay/pipeline.go) does not wait again
+	// behind groups read after it.
+	Since time.Time
+	Raws  [][]byte // the events, as accept_event takes them
+	Keys  []string // their lock keys (Accept)
+	// Special counts the events that accept_events will not store set-based (buzz.plain_events
+	// decides; the caller's guess may only err upwards): a call keeps its subtransactions within
+	// maxSubtransactions by them.
+	Special int
+	Grow    Grow // when not nil, adds events to the group's last call when a call takes it
+}
+
+// AcceptGroup stores g's events in their order and returns their verdicts, in that order: each
+// is stored after every earlier one has committed, or after it in the same transaction. Groups of
+// more than the batch size go in consecutive calls, each after the previous one's verdicts. The
+// events the group grew by (Grow) get their verdicts after the others.
+func (b *Batcher) AcceptGroup(ctx context.Context, g Group) []Verdict {
+	raws, keys := g.Raws, g.Keys
 	out := make([]Verdict, 0, len(raws))
 	for len(raws) > 0 {
 		n := min(len(raws), b.max)
+		if !b.fits(n, min(n, g.Special)) {
+			n = maxSubtransactions // then it fits whatever it holds
+		}
 		if b.max == 1 {
 			ok, msg, err := AcceptJSON(ctx, b.pool, raws[0])
 			out = append(out, Verdict{ok, msg, err})
 		} else {
-			var last Grow
+			p := &pendingAccept{ctx: ctx, raws: raws[:n:n], keys: keys[:n:n], key: slices.Min(keys[:n]), since: g.Since,
+				special: min(n, g.Special), done: make(chan []Verdict, 1)}
 			if n == len(raws) {
-				last = grow
+				p.grow = g.Grow
 			}
-			out = append(out, b.acceptOne(ctx, since, raws[:n:n], keys[:n:n], last)...)
+			out = append(out, b.acceptOne(p)...)
 		}
 		raws, keys = raws[n:], keys[n:]
 	}
 	return out
 }
 
-// Grow returns at most room more events of a group (and their lock keys), in their order after
-// the group's: the ones its connection read while the group waited for a call, up to readBy. It is called
-// with the batcher's lock held, when a call takes the group, so it must be quick. A group that
-// grows while it waits goes as one call where it would have gone as a small call and then,
-// after that call's commit, a second one.
-type Grow func(room int, readBy time.Time) (raws [][]byte, keys []string)
+// Grow returns more events of a group (their lock keys, and how many of them are special:
+// Group.Special), in their order after the group's: the ones its connection read while the group
+// waited for a call, up to readBy. It offers them one by one to fit, which says whether the call
+// has room for one more (special or not) and counts it in; it stops at the first that does not
+// fit. It is called with the batcher's lock held, when a call takes the group, so it must be
+// quick. A group that grows while it waits goes as one call where it would have gone as a small
+// call and then, after that call's commit, a second one.
+type Grow func(fit func(special bool) bool, readBy time.Time) (raws [][]byte, keys []string, special int)
 
 // MaxGroup is the most events one call takes: a larger group goes in several calls.
 func (b *Batcher) MaxGroup() int { return b.max }
 
 // acceptOne queues one group of at most b.max events and waits for its verdicts, running calls
 // itself while it waits and one may start (mayStart).
-func (b *Batcher) acceptOne(ctx context.Context, since time.Time, raws [][]byte, keys []string, grow Grow) []Verdict {
-	p := &pendingAccept{ctx: ctx, raws: raws, keys: keys, key: slices.Min(keys), since: since, grow: grow,
-		done: make(chan []Verdict, 1)}
+func (b *Batcher) acceptOne(p *pendingAccept) []Verdict {
+	ctx := p.ctx
 	b.mu.Lock()
 	b.enqueueLocked(p)
-	b.queued += len(raws)
+	b.queued += len(p.raws)
+	b.queuedSpecial += p.special
 	if b.running > 0 && b.mayStartLocked() {
 		b.wakeLocked() // a full batch waits: a waiter (maybe this caller) starts another call
 	}
@@ -199,7 +225,7 @@ func (b *Batcher) mayStartLocked() bool {
 	if b.queued == 0 || b.running >= b.inflight {
 		return false
 	}
-	return b.running == 0 || b.queued >= b.max
+	return b.running == 0 || !b.fits(b.queued+1, b.queuedSpecial) // full: not one more fits
 }
 
 // wakeLocked wakes every caller waiting for a chance to start a call.
@@ -234,12 +260,13 @@ func (b *Batcher) take() []*pendingAccept {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var batch []*pendingAccept
-	n, events := 0, 0
-	for n < len(b.queue) && events+len(b.queue[n].raws) <= b.max {
+	n, events, special := 0, 0, 0
+	for n < len(b.queue) && b.fits(events+len(b.queue[n].raws), special+b.queue[n].special) {
 		p := b.queue[n]
 		b.queue[n] = nil
 		n++
 		b.queued -= len(p.raws)
+		b.queuedSpecial -= p.special
 		if p.ctx.Err() != nil {
 			continue // its owner has gone
 		}
@@ -253,6 +280,7 @@ func (b *Batcher) take() []*pendingAccept {
 		p.taken = true
 		batch = append(batch, p)
 		events += len(p.raws)
+		special += p.special
 	}
 	b.queue = b.queue[n:]
 	if len(b.queue) == 0 {
@@ -264,15 +292,33 @@ func (b *Batcher) take() []*pendingAccept {
 	if len(b.queue) > 0 {
 		readBy = b.queue[0].since
 	}
+	fit := func(sp bool) bool {
+		e, s := events+1, special
+		if sp {
+			s++
+		}
+		if !b.fits(e, s) {
+			return false
+		}
+		events, special = e, s
+		return true
+	}
 	for _, p := range batch {
 		if p.grow != nil && events < b.max {
-			raws, keys := p.grow(b.max-events, readBy)
+			raws, keys, sp := p.grow(fit, readBy)
 			p.raws, p.keys = append(p.raws, raws...), append(p.keys, keys...)
 			p.key = slices.Min(p.keys)
-			events += len(raws)
+			p.special += sp
 		}
 	}
 	return batch
+}
+
+// fits says whether a call of events events, special of them special (Group.Special), keeps
+// within b.max and maxSubtransactions. Set-based runs lie between special events, so a call has
+// at most min(events, 2*special+1) subtransactions.
+func (b *Batcher) fits(events, special int) bool {
+	return events <= b.max && min(events, 2*special+1) <= maxSubtransactions
 }
 
 // runNext runs the queue's head as one call, counted in running by its caller, and ends it.

@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -25,7 +26,7 @@ func (h *heldBatcher) sendGroupReadAt(since time.Time, evs []*nostr.Event, keys 
 		raws[i], _ = json.Marshal(ev)
 	}
 	out := make(chan []store.Verdict, 1)
-	go func() { out <- h.AcceptGroup(context.Background(), since, raws, keys, nil) }()
+	go func() { out <- h.AcceptGroup(context.Background(), store.Group{Since: since, Raws: raws, Keys: keys}) }()
 	return out
 }
 
@@ -113,28 +114,34 @@ func TestBatcherFallbackKeepsAGroupInOrder(t *testing.T) {
 	}
 }
 
-// sendGrowing starts one AcceptGroup whose Grow hands over more, once: the events its connection
-// read meanwhile. It records the room and readBy it was asked with.
-func (h *heldBatcher) sendGrowing(since time.Time, evs, more []*nostr.Event) (<-chan []store.Verdict, func() (int, time.Time)) {
+// sendGrowing starts one AcceptGroup whose Grow hands over more, once, as long as they fit: the
+// events its connection read meanwhile, the first specialMore of them special. It records the
+// readBy it was asked with.
+func (h *heldBatcher) sendGrowing(since time.Time, evs, more []*nostr.Event, special, specialMore int) (<-chan []store.Verdict, func() time.Time) {
 	raws := make([][]byte, len(evs))
 	for i, ev := range evs {
 		raws[i], _ = json.Marshal(ev)
 	}
-	var room int
 	var readBy time.Time
-	grow := func(r int, by time.Time) ([][]byte, []string) {
-		room, readBy = r, by
-		var out [][]byte
-		for _, ev := range more[:min(r, len(more))] {
+	grow := func(fit func(bool) bool, by time.Time) (out [][]byte, keys []string, sp int) {
+		readBy = by
+		for i, ev := range more {
+			if !fit(i < specialMore) {
+				break
+			}
 			raw, _ := json.Marshal(ev)
-			out = append(out, raw)
+			out, keys = append(out, raw), append(keys, "")
+			if i < specialMore {
+				sp++
+			}
 		}
 		more = nil
-		return out, make([]string, len(out))
+		return out, keys, sp
 	}
 	out := make(chan []store.Verdict, 1)
-	go func() { out <- h.AcceptGroup(context.Background(), since, raws, make([]string, len(evs)), grow) }()
-	return out, func() (int, time.Time) { return room, readBy }
+	g := store.Group{Since: since, Raws: raws, Keys: make([]string, len(evs)), Special: special, Grow: grow}
+	go func() { out <- h.AcceptGroup(context.Background(), g) }()
+	return out, func() time.Time { return readBy }
 }
 
 // A group that waited for a call takes along, in the same call and after its own events, what its
@@ -146,7 +153,7 @@ func TestBatcherGrowsAGroupWhenACallTakesIt(t *testing.T) {
 	u := testenv.NewUser()
 	first := h.hold(u)
 	a, b, c, d := u.Event(t, 1, nil, "a"), u.Event(t, 1, nil, "b"), u.Event(t, 1, nil, "c"), u.Event(t, 1, nil, "d")
-	group, asked := h.sendGrowing(time.Now(), []*nostr.Event{a}, []*nostr.Event{b, c, d})
+	group, _ := h.sendGrowing(time.Now(), []*nostr.Event{a}, []*nostr.Event{b, c, d}, 0, 0)
 	h.waitQueued(1)
 	close(h.release)
 	wait(t, first, "first")
@@ -158,9 +165,6 @@ func TestBatcherGrowsAGroupWhenACallTakesIt(t *testing.T) {
 		if !v.OK || v.Msg != "" || v.Err != nil {
 			t.Fatalf("event %d: %+v", i, v)
 		}
-	}
-	if room, _ := asked(); room != 3 {
-		t.Fatalf("grow asked for %d, want the call's room: 3", room)
 	}
 	if sizes := h.callSizes(); !slices.Equal(sizes, []int{1, 4}) {
 		t.Fatalf("calls of %v events, want [1 4]", sizes)
@@ -178,7 +182,7 @@ func TestBatcherGrowsAGroupOnlyByEventsOlderThanTheQueue(t *testing.T) {
 	u := testenv.NewUser()
 	first := h.hold(u)
 	t0 := time.Now().Add(-time.Minute)
-	x, asked := h.sendGrowing(t0, []*nostr.Event{u.Event(t, 1, nil, "x")}, nil)
+	x, asked := h.sendGrowing(t0, []*nostr.Event{u.Event(t, 1, nil, "x")}, nil, 0, 0)
 	h.waitQueued(1)
 	y := h.sendGroupReadAt(t0.Add(time.Second), []*nostr.Event{u.Event(t, 1, nil, "y1"), u.Event(t, 1, nil, "y2"),
 		u.Event(t, 1, nil, "y3")}, []string{"", "", ""})
@@ -187,8 +191,72 @@ func TestBatcherGrowsAGroupOnlyByEventsOlderThanTheQueue(t *testing.T) {
 	wait(t, first, "first")
 	wait(t, x, "x")
 	wait(t, y, "y")
-	if room, readBy := asked(); room != 2 || !readBy.Equal(t0.Add(time.Second)) {
-		t.Fatalf("grow asked for %d events read by %v, want 2 read by %v (the queued group's first read)",
-			room, readBy, t0.Add(time.Second))
+	if readBy := asked(); !readBy.Equal(t0.Add(time.Second)) {
+		t.Fatalf("grow asked for events read by %v, want %v (the queued group's first read)", readBy, t0.Add(time.Second))
 	}
+}
+
+// kind1s are n kind 1 events of u.
+func kind1s(t *testing.T, u testenv.User, n int) []*nostr.Event {
+	evs := make([]*nostr.Event, n)
+	for i := range evs {
+		evs[i] = u.Event(t, 1, nil, fmt.Sprint(i))
+	}
+	return evs
+}
+
+// A call of more than 60 events keeps its subtransactions within 60: one per special event (not
+// stored set-based) and one per run between them, so past 60 events it takes at most 29 special
+// ones. A group too special to fit whole goes in calls of 60.
+func TestBatcherKeepsACallWithinSixtySubtransactions(t *testing.T) {
+	url := testenv.FreshDB(t)
+	h := newHeldBatcherOf(t, url, 120, 1)
+	u := testenv.NewUser()
+	first := h.hold(u)
+	special := h.sendGroupSpecial(kind1s(t, u, 50), 50)
+	h.waitQueued(50)
+	plain := h.sendGroupSpecial(kind1s(t, u, 20), 0)
+	h.waitQueued(70)
+	whole := h.sendGroupSpecial(kind1s(t, u, 100), 100)
+	h.waitQueued(130) // the big group's first 60: the other 40 follow once they are stored
+	close(h.release)
+	wait(t, first, "first")
+	for _, g := range []<-chan []store.Verdict{special, plain, whole} {
+		for i, v := range wait(t, g, "group") {
+			if !v.OK || v.Err != nil {
+				t.Fatalf("event %d: %+v", i, v)
+			}
+		}
+	}
+	if sizes := h.callSizes(); !slices.Equal(sizes, []int{1, 50, 20, 60, 40}) {
+		t.Fatalf("calls of %v events, want [1 50 20 60 40]", sizes)
+	}
+}
+
+// A group grows past 60 events only by as many special ones as keep the call within 60
+// subtransactions.
+func TestBatcherGrowsAGroupWithinSixtySubtransactions(t *testing.T) {
+	url := testenv.FreshDB(t)
+	h := newHeldBatcherOf(t, url, 120, 1)
+	u := testenv.NewUser()
+	first := h.hold(u)
+	group, _ := h.sendGrowing(time.Now(), kind1s(t, u, 10), kind1s(t, u, 100), 0, 100)
+	h.waitQueued(10)
+	close(h.release)
+	wait(t, first, "first")
+	if v := wait(t, group, "grown group"); len(v) != 60 {
+		t.Fatalf("%d verdicts, want 60: the group and 50 special events (10 + 50 = 60 subtransactions at most)", len(v))
+	}
+}
+
+// sendGroupSpecial starts one AcceptGroup of evs, special of them special (store.Group.Special).
+func (h *heldBatcher) sendGroupSpecial(evs []*nostr.Event, special int) <-chan []store.Verdict {
+	raws := make([][]byte, len(evs))
+	for i, ev := range evs {
+		raws[i], _ = json.Marshal(ev)
+	}
+	out := make(chan []store.Verdict, 1)
+	g := store.Group{Since: time.Now(), Raws: raws, Keys: make([]string, len(evs)), Special: special}
+	go func() { out <- h.AcceptGroup(context.Background(), g) }()
+	return out
 }
