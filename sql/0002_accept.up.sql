@@ -38,22 +38,28 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION buzz.cfg(text) IS 'Value of a buzz.config setting (NULL when unset).';
 
+-- The helpers below are PL/pgSQL, not SQL: a SQL function with SET is never inlined, and is
+-- parsed and planned again in every transaction that calls it (docs/benchmarks.md).
 CREATE FUNCTION buzz.kind_class(kind integer) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, buzz, pg_temp
 AS $$
-  SELECT CASE
+BEGIN
+  RETURN CASE
     WHEN kind IN (0, 3) OR (kind >= 10000 AND kind < 20000) THEN 'replaceable'
     WHEN kind >= 20000 AND kind < 30000 THEN 'ephemeral'
     WHEN kind >= 30000 AND kind < 40000 THEN 'addressable'
-    ELSE 'regular' END
-$$;
+    ELSE 'regular' END;
+END $$;
 COMMENT ON FUNCTION buzz.kind_class(integer) IS 'NIP-01 kind range: regular, replaceable, ephemeral or addressable.';
 
 CREATE FUNCTION buzz.is_human_visible(kind integer) RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, buzz, pg_temp
-AS $$ SELECT kind IN (9, 40002, 45001, 45003) $$;
+AS $$
+BEGIN
+  RETURN kind IN (9, 40002, 45001, 45003);
+END $$;
 COMMENT ON FUNCTION buzz.is_human_visible(integer) IS
   'Kinds that count as human-visible DM activity and resurface a DM for participants who hid it.';
 
@@ -82,9 +88,12 @@ COMMENT ON FUNCTION buzz.event_tagvals(jsonb) IS
 -- which costs several times more per call. NULL-safe: a NULL is not false, so a missing field
 -- would pass a plain shape check.
 CREATE FUNCTION buzz.is_hex64(s text) RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, buzz, pg_temp
-AS $$ SELECT coalesce(length(s) = 64 AND s ~ '^[0-9a-f]+$', false) $$;
+AS $$
+BEGIN
+  RETURN coalesce(length(s) = 64 AND s ~ '^[0-9a-f]+$', false);
+END $$;
 COMMENT ON FUNCTION buzz.is_hex64(text) IS '64 lowercase hex characters (an event id or a pubkey); false for NULL.';
 
 -- VOLATILE, as clock_timestamp() is. PL/pgSQL, as cfg: a SQL function with SET is never inlined
@@ -100,12 +109,13 @@ END $$;
 COMMENT ON FUNCTION buzz.now_unix() IS 'The database clock in unix seconds (the clock every created_at check uses).';
 
 CREATE FUNCTION buzz.participant_hash(participants text[]) RETURNS bytea
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, buzz, pg_temp
 AS $$
-  SELECT sha256(string_agg(decode(p, 'hex'), ''::bytea ORDER BY p))
-  FROM (SELECT DISTINCT unnest(participants) AS p) s
-$$;
+BEGIN
+  RETURN (SELECT sha256(string_agg(decode(p, 'hex'), ''::bytea ORDER BY p))
+            FROM (SELECT DISTINCT unnest(participants) AS p) s);
+END $$;
 COMMENT ON FUNCTION buzz.participant_hash(text[]) IS
   'DM identity: sha256 of the sorted, de-duplicated 32-byte participant pubkeys.';
 
@@ -193,18 +203,20 @@ COMMENT ON FUNCTION buzz.resurface_dm(uuid, text) IS
 -- key), then rows. Accepting X holds event:X and then waits for X's address; a deletion that took
 -- the address first would deadlock with it.
 CREATE FUNCTION buzz.deletion_addresses(author text, p_tags jsonb)
-RETURNS TABLE (kind integer, d_tag text, lock_key text) LANGUAGE sql STABLE
+RETURNS TABLE (kind integer, d_tag text, lock_key text) LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, buzz, pg_temp
 AS $$
-  SELECT DISTINCT k, d, k || ':' || author || ':' || d
+BEGIN
+  RETURN QUERY
+  SELECT DISTINCT s.k, s.d, s.k || ':' || author || ':' || s.d
     FROM (SELECT m[1]::integer AS k,
                  CASE WHEN buzz.kind_class(m[1]::integer) = 'replaceable' THEN '' ELSE m[3] END AS d
             FROM unnest(buzz.tag_values(p_tags, 'a')) a,
                  LATERAL regexp_match(a, '^([0-9]{1,5}):([0-9a-f]{64}):(.*)$') m
            WHERE m IS NOT NULL AND m[2] = author
              AND buzz.kind_class(m[1]::integer) IN ('replaceable', 'addressable')) s
-   ORDER BY 3
-$$;
+   ORDER BY 3;
+END $$;
 COMMENT ON FUNCTION buzz.deletion_addresses(text, jsonb) IS
   'The author''s replaceable and addressable addresses a NIP-09 request names in a tags, sorted by the advisory lock key accept_event takes for each (kind:pubkey:d, with no d for a replaceable kind).';
 
