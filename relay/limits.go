@@ -81,8 +81,8 @@ type Config struct {
 	// AcceptBatch is the most EVENTs stored in one transaction (buzz.accept_events, group
 	// commit; default 32, at most store.MaxBatch; 1 stores each on its own). AcceptBatchCalls
 	// bounds those calls in flight (default 1, classic group commit: while one call runs, the
-	// events that arrive wait and go together in the next; with more calls in flight batches are
-	// smaller and cost more CPU per event).
+	// events that arrive wait and go together in the next; more start only for full batches of
+	// events stored alone, store.Batcher).
 	AcceptBatch      int
 	AcceptBatchCalls int
 	// EventWindow bounds the EVENTs one connection has read and not yet had answered (default

@@ -157,7 +157,7 @@ func parseServeConfig(args []string) (serveConfig, error) {
 	fs.IntVar(&c.AcceptConnsMin, "accept-conns-min", envInt("BUZZ_ACCEPT_CONNS_MIN", 8), "accept_event connections opened and warmed before serving, and kept open (BUZZ_ACCEPT_CONNS_MIN)")
 	fs.IntVar(&c.AcceptBatch, "accept-batch", envInt("BUZZ_ACCEPT_BATCH", 120), "most EVENTs stored in one transaction when events arrive faster than they are stored, 1 to 120 (past 60 only while most are stored set-based); 1 stores each alone (BUZZ_ACCEPT_BATCH)")
 	fs.IntVar(&c.EventWindow, "event-window", envInt("BUZZ_EVENT_WINDOW", 64), "EVENTs one connection may have in flight (read, not yet answered); 1 answers each before reading the next (BUZZ_EVENT_WINDOW)")
-	fs.IntVar(&c.AcceptBatchCalls, "accept-batch-calls", envInt("BUZZ_ACCEPT_BATCH_CALLS", 3), "most accept_events calls in flight at once, past the first only while a full batch waits; events arriving meanwhile wait and go together in the next (BUZZ_ACCEPT_BATCH_CALLS)")
+	fs.IntVar(&c.AcceptBatchCalls, "accept-batch-calls", envInt("BUZZ_ACCEPT_BATCH_CALLS", 3), "most accept_events calls in flight at once, past the first only while a full batch waits, a quarter of it events stored one by one (DMs, channel messages); events arriving meanwhile wait and go together in the next (BUZZ_ACCEPT_BATCH_CALLS)")
 	fs.IntVar(&c.QueryConns, "query-conns", envInt("BUZZ_QUERY_CONNS", 8), "PostgreSQL connections for REQ/COUNT (BUZZ_QUERY_CONNS)")
 	fs.Float64Var(&c.EventRate, "event-rate", envFloat("BUZZ_EVENT_RATE", 0), "EVENTs per second per connection, 0 = unlimited (BUZZ_EVENT_RATE)")
 	fs.IntVar(&c.EventBurst, "event-burst", envInt("BUZZ_EVENT_BURST", 100), "burst for --event-rate (BUZZ_EVENT_BURST)")

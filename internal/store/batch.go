@@ -42,9 +42,14 @@ const minCallTime = time.Second
 // is still queued starts a call and runs the queue's head itself, so an idle relay runs each
 // event at once and a busy one runs bigger batches.
 //
-// One call runs whenever events wait. More, up to inflight, start only while a full batch waits:
-// at a steady rate one call at a time keeps latency low and CPU per event down (bigger batches),
-// and a flood that fills whole batches faster than one call stores them gets the other core.
+// One call runs whenever events wait. More, up to inflight, start only while a full batch waits
+// and a quarter or more of the waiting events are special: at a steady rate one call at a time
+// keeps latency low and CPU per event down (bigger batches), and a flood of events PostgreSQL
+// stores one by one (ten times the backend CPU of a plain one) gets the other cores. A flood of
+// plain events goes one call at a time: the relay spends as much CPU verifying them as PostgreSQL
+// storing them, so a second call only takes CPU from the relay and from the first call, whose
+// events, the oldest, then wait longest (ingest16's OK p99 ÷ mean 1.80-2.14 with 3 calls, 1.38-1.65
+// with 1; docs/benchmarks.md).
 //
 // Every event still gets the verdict accept_event gives it alone: each runs in its own
 // subtransaction, and a call PostgreSQL refuses as a whole (a lock wait over BatchLockWait, a
@@ -220,12 +225,13 @@ func (b *Batcher) enqueueLocked(p *pendingAccept) {
 }
 
 // mayStartLocked says whether a waiting caller may start a call now: the first whenever events
-// wait, more only while a full batch waits (Batcher).
+// wait, more only while a full batch waits, a quarter or more of it special (Batcher).
 func (b *Batcher) mayStartLocked() bool {
 	if b.queued == 0 || b.running >= b.inflight {
 		return false
 	}
-	return b.running == 0 || !b.fits(b.queued+1, b.queuedSpecial) // full: not one more fits
+	full := !b.fits(b.queued+1, b.queuedSpecial) // not one more fits
+	return b.running == 0 || full && 4*b.queuedSpecial >= b.queued
 }
 
 // wakeLocked wakes every caller waiting for a chance to start a call.
