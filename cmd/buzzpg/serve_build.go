@@ -60,7 +60,7 @@ func (s *server) openPools() (err error) {
 	if err := waitForSchema(s.ctx, s.accept, s.log); err != nil {
 		return err
 	}
-	if s.query, err = s.openPool("query", int32(s.cfg.QueryConns), db.Serial); err != nil {
+	if s.query, err = s.openPool("query", int32(s.cfg.QueryConns), db.QuerySessions); err != nil {
 		return err
 	}
 	// The publisher (4 workers and its sweep: 5), the scheduler (1) and the fan-out (stream and

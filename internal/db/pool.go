@@ -25,10 +25,16 @@ type PoolOption func(*pgxpool.Config)
 // function or operator it calls. It overrides one set on the role or in the URL.
 const SearchPath = "pg_catalog, buzz, pg_temp"
 
-// Serial turns parallel query off for a pool's sessions. A REQ or COUNT is a short walk cut by
-// its limit: starting workers costs more than they save, and a relay runs many at once anyway.
-func Serial(cfg *pgxpool.Config) {
+// QuerySessions sets up the sessions that run REQs and COUNTs, which are short walks cut by their
+// limit:
+//   - no parallel workers: starting them costs more than they save, and a relay runs many at once;
+//   - no bitmap scans: `{"kinds":[1],"limit":100}` walks events_kind_idx in the REQ's order and stops
+//     at 100 rows. Before a table that grew has statistics, the planner takes kind = 1 for 0.5 % of
+//     the rows and picks a bitmap scan of every match plus a sort (18.6 ms against 0.05 ms on
+//     20,000 events). A walk reads no more rows than the bitmap would, whatever the statistics say.
+func QuerySessions(cfg *pgxpool.Config) {
 	cfg.ConnConfig.RuntimeParams["max_parallel_workers_per_gather"] = "0"
+	cfg.ConnConfig.RuntimeParams["enable_bitmapscan"] = "off"
 }
 
 // NewPool opens a pool whose connections carry appName (e.g. "buzzpg-accept:<instance>") and
