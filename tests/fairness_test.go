@@ -26,7 +26,7 @@ import (
 // events while 48 connections from 127.0.0.1 hold 32 catch-all subscriptions each and four
 // publishers there send 100 events/s. The bar: the p99 of the victim's live delivery (from
 // the OK, which follows the commit, to the live event) under the flood stays within 2x of its p99
-// alone, and under 250 ms.
+// alone (plus fairSlack), and under 250 ms.
 //
 // Short alone and loaded rounds alternate, so that whatever else loads the machine (make test
 // runs packages side by side) weighs on both. The p99 compared is each round's (its slowest of
@@ -40,6 +40,13 @@ import (
 // main's code before the delivery budget) the ratio was 3-15x in every run.
 // The end-to-end latency, acceptance included, is logged: group commit with the flood's events
 // and the disk weigh on it, not delivery.
+//
+// fairSlack is what host noise adds at this scale: alone, the victim's p99 is now 0.3-0.5 ms, and
+// under a bounded flood 0.45-1.4 ms from run to run (2.1-2.9x in 7 of 12 runs on 2026-12-07, on
+// main and on the code of the day before alike). The budget's failure is not that small: with it
+// off (BUZZ_IP_DELIVERY_RATE=0) the p99 under the flood was 2.4-2.8 ms against 0.37-0.42 alone.
+const fairSlack = 500 * time.Microsecond
+
 func TestFloodingAddressDoesNotDelayOthers(t *testing.T) {
 	r := testenv.StartRelay(t, testenv.RelayOpts{DatabaseURL: testenv.DB(t)})
 	f := newFloodScenario(t, r.URL)
@@ -52,11 +59,11 @@ func TestFloodingAddressDoesNotDelayOthers(t *testing.T) {
 			t.Fatalf("under the flood the victim's live p99 is %v over all probes: want under 250ms", all)
 		}
 		q, l := pct(m.quietRounds, 50), pct(m.loadedRounds, 50)
-		if l <= 2*q {
+		if l <= 2*q+fairSlack {
 			return
 		}
 		if attempt == 2 {
-			t.Fatalf("under the flood the victim's live p99 is %v, alone %v (medians of the rounds), twice: want at most 2x", l, q)
+			t.Fatalf("under the flood the victim's live p99 is %v, alone %v (medians of the rounds), twice: want at most 2x + %v", l, q, fairSlack)
 		}
 		t.Logf("under the flood the victim's live p99 is %v, alone %v: over 2x; measuring again", l, q)
 	}
