@@ -17,16 +17,7 @@ import (
 func TestQuerySessionsWalkIndexesWithoutStatistics(t *testing.T) {
 	ctx := context.Background()
 	url := testenv.FreshDB(t)
-	owner := testenv.Pool(t, url)
-	if _, err := owner.Exec(ctx, `ALTER TABLE buzz.events SET (autovacuum_enabled = false)`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := owner.Exec(ctx, `
-		INSERT INTO buzz.events (id, pubkey, created_at, kind, tags, content, sig)
-		SELECT lpad(to_hex(i), 64, '0'), lpad(to_hex(i % 20), 64, '0'), 1700000000 + i, 1, '[]', 'x', repeat('0', 128)
-		  FROM generate_series(1, 20000) i`); err != nil {
-		t.Fatal(err)
-	}
+	testenv.BulkLoadEvents(t, testenv.Pool(t, url), 20000, 20)
 	pool, err := db.NewPool(ctx, url, "query-sessions-test", 1, db.QuerySessions)
 	if err != nil {
 		t.Fatal(err)

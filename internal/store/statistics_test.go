@@ -17,15 +17,7 @@ func TestRefreshStatisticsSamplesSmall(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Release()
-	if _, err := pool.Exec(ctx, `ALTER TABLE buzz.events SET (autovacuum_enabled = false)`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `
-		INSERT INTO buzz.events (id, pubkey, created_at, kind, tags, content, sig)
-		SELECT lpad(to_hex(i), 64, '0'), lpad(to_hex(i % 50), 64, '0'), 1700000000 + i, 1, '[]', 'x', repeat('0', 128)
-		  FROM generate_series(1, 3000) i`); err != nil {
-		t.Fatal(err)
-	}
+	testenv.BulkLoadEvents(t, pool, 3000, 50)
 	// The insert's counts reach pg_stat_user_tables, which refresh_statistics reads, when the
 	// session is next idle: before the next statement.
 	if _, err := pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
