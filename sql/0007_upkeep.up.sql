@@ -439,17 +439,8 @@ ALTER TABLE buzz.members SET (autovacuum_analyze_scale_factor = 0.05, autovacuum
 
 -- SECURITY DEFINER: ANALYZE needs the tables' owner (the role that migrates); the relay's role may
 -- only call this. Returns the tables it analyzed.
---
--- A statistics target of 10, not the default 100: these analyses run while a load grows the table,
--- beside the load, and each one's CPU grows with its sample (300 rows per unit of target). What the
--- plans need then is the table's size and rough shape, which 3,000 rows give. ANALYZE of 100,000
--- events: 31-46 ms at 100, 7-13 ms at 10 (docs/benchmarks.md). Autovacuum's own analyses, at 2 %
--- of the rows, keep the full target.
 CREATE FUNCTION buzz.refresh_statistics() RETURNS text[]
-LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, buzz, pg_temp
-SET default_statistics_target = 10
-AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, buzz, pg_temp AS $$
 DECLARE
   rel regclass;
   done text[] := '{}';
